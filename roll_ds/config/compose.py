@@ -1,0 +1,37 @@
+"""Compose a pipeline config outside ``run.py`` (tests, notebooks, benchmarks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+import roll_ds.config.store  # noqa: F401  (registers the schema)
+from roll_ds.config.schema import RLVRConfig
+from roll_ds.config.validate import to_schema, validate
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG_DIR = PROJECT_ROOT / "examples" / "qwen_rlvr"
+
+
+def compose_config(
+    config_name: str, overrides: list[str] | None = None, config_dir: str | Path | None = None
+) -> DictConfig:
+    """Compose ``config_name`` from ``config_dir`` (default examples/qwen_rlvr) like run.py does."""
+    directory = Path(config_dir or DEFAULT_CONFIG_DIR).resolve()
+    with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides or []))
+
+
+def load_config(
+    config_name: str,
+    overrides: list[str] | None = None,
+    config_dir: str | Path | None = None,
+    *,
+    check_files: bool = True,
+) -> RLVRConfig:
+    """Compose, convert to the typed schema and validate."""
+    cfg = to_schema(compose_config(config_name, overrides, config_dir))
+    validate(cfg, check_files=check_files)
+    return cfg

@@ -1,0 +1,158 @@
+"""Turn a composed ``strategy_config`` (DeepSpeed JSON with ``"auto"`` values) into the final dict.
+
+``"auto"`` follows the convention of the HF/Accelerate integration: values the role's training
+arguments already state (micro batch, accumulation, clipping, precision) are copied from them, and
+bucket sizes derive from the model's hidden size. Whatever stays ``"auto"`` is an error naming the
+key, so DeepSpeed never sees the string.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+AUTO = "auto"
+VALID_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSpeedInputs:
+    """The plain numbers ``"auto"`` is filled from (flattened out of the role's config)."""
+
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    dp_size: int
+    max_grad_norm: float
+    dtype: str  # fp32 | bf16 | fp16
+    hidden_size: int | None = None  # None: bucket-size "auto" values fall back to DeepSpeed's
+
+
+class DeepSpeedConfigError(ValueError):
+    pass
+
+
+def zero_stage(ds_config: Mapping[str, Any]) -> int:
+    return int((ds_config.get("zero_optimization") or {}).get("stage", 0))
+
+
+def offload_devices(ds_config: Mapping[str, Any]) -> dict[str, str]:
+    """``{"offload_optimizer": "cpu", ...}`` for the offload sections that are switched on."""
+    zero = ds_config.get("zero_optimization") or {}
+    found = {}
+    for key in ("offload_optimizer", "offload_param"):
+        device = (zero.get(key) or {}).get("device", "none")
+        if device not in (None, "none"):
+            found[key] = device
+    return found
+
+
+def check_deepspeed_config(ds_config: Mapping[str, Any], where: str) -> list[str]:
+    """Problems a DeepSpeed config has on its own (before "auto" is filled); ``where`` names it."""
+    problems = []
+    zero = ds_config.get("zero_optimization") or {}
+    stage = zero.get("stage", 0)
+    if stage not in VALID_STAGES:
+        problems.append(
+            f"{where}.zero_optimization.stage: {stage!r} is not a ZeRO stage; use one of 0, 1, 2, 3"
+        )
+        return problems
+    offloads = offload_devices(ds_config)
+    if "offload_optimizer" in offloads and stage < 2:
+        problems.append(
+            f"{where}.zero_optimization.offload_optimizer: optimizer offload needs ZeRO stage 2 or "
+            f"3 (stage is {stage}); use ${{deepspeed_zero2_cpuoffload}} or "
+            f"${{deepspeed_zero3_cpuoffload}}, or set offload_optimizer.device: none"
+        )
+    if "offload_param" in offloads and stage != 3:
+        problems.append(
+            f"{where}.zero_optimization.offload_param: parameter offload needs ZeRO stage 3 "
+            f"(stage is {stage}); use ${{deepspeed_zero3_cpuoffload}} or remove offload_param"
+        )
+    for key, device in offloads.items():
+        if device not in ("cpu", "nvme"):
+            problems.append(
+                f"{where}.zero_optimization.{key}.device: {device!r} is not cpu, nvme or none"
+            )
+    fp16 = (ds_config.get("fp16") or {}).get("enabled") is True
+    bf16 = (ds_config.get("bf16") or {}).get("enabled") is True
+    if fp16 and bf16:
+        problems.append(f"{where}: fp16.enabled and bf16.enabled are both true; pick one")
+    return problems
+
+
+def build_deepspeed_config(
+    strategy_config: Mapping[str, Any], inputs: DeepSpeedInputs
+) -> dict[str, Any]:
+    """Return a copy of ``strategy_config`` with every ``"auto"`` filled and batch sizes checked."""
+    cfg = copy.deepcopy(dict(strategy_config))
+    problems = check_deepspeed_config(cfg, "strategy_config")
+    expected_train_batch = (
+        inputs.micro_batch_size * inputs.gradient_accumulation_steps * inputs.dp_size
+    )
+
+    _fill(cfg, "train_micro_batch_size_per_gpu", inputs.micro_batch_size)
+    _fill(cfg, "gradient_accumulation_steps", inputs.gradient_accumulation_steps)
+    _fill(cfg, "train_batch_size", expected_train_batch)
+    _fill(cfg, "gradient_clipping", inputs.max_grad_norm)
+    for name in ("fp16", "bf16"):
+        if name in cfg:
+            _fill(cfg[name], "enabled", inputs.dtype == name)
+    if inputs.dtype in ("fp16", "bf16") and not (cfg.get(inputs.dtype) or {}).get("enabled"):
+        cfg[inputs.dtype] = {**(cfg.get(inputs.dtype) or {}), "enabled": True}
+
+    zero = cfg.get("zero_optimization")
+    if isinstance(zero, dict):
+        hidden = inputs.hidden_size
+        sizes = {
+            "reduce_bucket_size": hidden * hidden if hidden else None,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden) if hidden else None,
+            "stage3_param_persistence_threshold": 10 * hidden if hidden else None,
+        }
+        for key, value in sizes.items():
+            if zero.get(key) == AUTO:
+                if value is None:
+                    del zero[key]  # DeepSpeed's own default
+                else:
+                    zero[key] = value
+
+    micro = cfg.get("train_micro_batch_size_per_gpu")
+    accum = cfg.get("gradient_accumulation_steps")
+    total = cfg.get("train_batch_size")
+    if (micro, accum) != (inputs.micro_batch_size, inputs.gradient_accumulation_steps):
+        problems.append(
+            "strategy_config: train_micro_batch_size_per_gpu/gradient_accumulation_steps "
+            f"({micro}/{accum}) disagree with training_args per_device_train_batch_size/"
+            f"gradient_accumulation_steps ({inputs.micro_batch_size}/"
+            f"{inputs.gradient_accumulation_steps}); set them to auto"
+        )
+    elif total != expected_train_batch:
+        problems.append(
+            f"strategy_config.train_batch_size: {total} != micro batch {micro} x accumulation "
+            f"{accum} x data-parallel size {inputs.dp_size} = {expected_train_batch}; "
+            "set it to auto or fix the training_args"
+        )
+    leftovers = list(_auto_paths(cfg))
+    if leftovers:
+        problems.append(
+            "strategy_config: no value known for "
+            + ", ".join(leftovers)
+            + "; replace 'auto' with a number"
+        )
+    if problems:
+        raise DeepSpeedConfigError("\n".join(problems))
+    return cfg
+
+
+def _fill(section: dict[str, Any], key: str, value: Any) -> None:
+    if section.get(key, AUTO) == AUTO:
+        section[key] = value
+
+
+def _auto_paths(node: Any, prefix: str = ""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _auto_paths(value, f"{prefix}.{key}" if prefix else str(key))
+    elif node == AUTO:
+        yield prefix

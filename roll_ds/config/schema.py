@@ -1,0 +1,210 @@
+"""Typed schema of a roll_ds pipeline config.
+
+Registered in Hydra's ConfigStore (see ``store.py``) and named first in every pipeline YAML's
+``defaults`` list, so composition itself rejects misspelled keys and wrong types. This module must
+stay importable without torch, Ray, DeepSpeed or vLLM (``tests/unit/test_config_imports.py``).
+
+Field names follow ROLL's so its DeepSpeed backend guide applies unchanged (``strategy_args``,
+``device_mapping``, ``model_args``, ``training_args``, ``infer_batch_size``, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+EMBEDDED_MODEL = "embedded:tiny-qwen2"
+"""``pretrain`` value that makes roll_ds build (and cache) its own tiny Qwen2 model."""
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class StrategyArgs:
+    # Backend of the role, looked up in ``strategies.base.STRATEGIES`` (e.g. deepspeed_train, vllm).
+    # Null only for reward roles that score with rules on CPU.
+    strategy_name: str | None = MISSING
+    # Backend-specific settings: for deepspeed_* the DeepSpeed JSON, usually ``${deepspeed_zero3}``;
+    # for vllm the keyword arguments of ``vllm.LLM`` (gpu_memory_utilization, ...).
+    strategy_config: Any = None
+
+
+@dataclass
+class ModelArgs:
+    # None: use the pipeline's top-level ``pretrain``.
+    model_name_or_path: str | None = None
+    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    attn_implementation: str | None = None  # None (transformers default) | eager | sdpa | fa2
+    disable_gradient_checkpointing: bool = True
+    model_type: str | None = None  # kept for ROLL compatibility; only causal LMs are supported
+    # LoRA (peft). lora_rank null disables LoRA.
+    lora_rank: int | None = None
+    lora_alpha: int | None = None  # default: 2 * lora_rank
+    lora_dropout: float = 0.0
+    lora_target: str = "all-linear"  # "all-linear" or a comma list such as "q_proj,v_proj"
+
+
+@dataclass
+class TrainingArgs:
+    learning_rate: float = 1.0e-6
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1.0e-8
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    warmup_steps: int = 0
+    lr_scheduler_type: str = "constant"  # constant | linear | cosine (decay to 0 over max_steps)
+    max_grad_norm: float = 1.0
+    num_train_epochs: int = 1  # kept for ROLL compatibility; pipelines stop at max_steps
+
+
+@dataclass
+class GeneratingArgs:
+    max_new_tokens: int | None = None  # None: the pipeline's response_length
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    num_return_sequences: int = 1
+    seed: int | None = None
+
+
+@dataclass
+class DataArgs:
+    # jsonl files with rows {"prompt", "ground_truth", "domain"?}; relative paths are resolved
+    # against the directory run.py was started from.
+    file_name: list[str] = field(default_factory=list)
+    template: str = "raw"  # raw: prompt text as is | chat: the tokenizer's chat template
+    prompt_key: str = "prompt"
+    default_domain: str = "math"
+    # Sampling weight of each domain when mixing prompts; empty: proportional to the data.
+    domain_interleave_probs: dict[str, float] = field(default_factory=dict)
+    max_samples: int | None = None
+
+
+@dataclass
+class WorkerConfig:
+    """One role: a group of Ray actors running one strategy."""
+
+    # Global device ids: "list(range(0,16))", "[0,1,2]", "0-3" or a YAML list. Null: CPU-only
+    # actors sized by world_size (reward workers).
+    device_mapping: Any = None
+    # Number of actors; null: one per device in device_mapping divided by num_gpus_per_worker.
+    world_size: int | None = None
+    num_gpus_per_worker: int = 1
+    strategy_args: StrategyArgs = field(default_factory=StrategyArgs)
+    model_args: ModelArgs = field(default_factory=ModelArgs)
+    training_args: TrainingArgs = field(default_factory=TrainingArgs)
+    generating_args: GeneratingArgs = field(default_factory=GeneratingArgs)
+    data_args: DataArgs = field(default_factory=DataArgs)
+    infer_batch_size: int = 8
+    # Extra environment variables for every actor of the role.
+    system_envs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RewardConfig(WorkerConfig):
+    """A reward role for one or more data domains (CPU workers unless a model judge is used)."""
+
+    strategy_args: StrategyArgs = field(default_factory=lambda: StrategyArgs(strategy_name=None))
+    world_size: int | None = 1
+
+    # Domains (the rows' "domain" field) this reward worker group scores.
+    tag_included: list[str] = field(default_factory=list)
+    # Reward functions summed with weights, e.g. [{name: math_rule, weight: 1.0}].
+    reward_fns: list[dict[str, Any]] = field(default_factory=list)
+    timeout_s: float = 5.0
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_plus_plus[_baseline] | gae
+    ppo_epochs: int = 1
+    whiten_advantages: bool = False
+    gamma: float = 1.0
+    lam: float = 1.0
+    # Policy loss: PPO clip with asymmetric ("clip-higher") bounds, optional dual clip.
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    ratio_level: str = "token"  # token | sequence (GSPO)
+    loss_agg_mode: str = "token-mean"
+    # KL to the reference policy: as a loss term (use_kl_loss) or a reward penalty (kl_in_reward).
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    kl_coef: float = 0.0
+    use_kl_loss: bool = True
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    # Rollout filtering and corrections.
+    dynamic_sampling: bool = False
+    max_resample_rounds: int = 3
+    mask_truncated: bool = False
+    tis_cap: float | None = None
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # null: $RAY_ADDRESS if set, else start a local Ray
+    num_cpus: int | None = None  # local Ray only
+    include_dashboard: bool = False
+    namespace: str = "roll_ds"
+
+
+@dataclass
+class TrackingConfig:
+    tensorboard: bool = True
+    jsonl: bool = True
+    wandb_project: str | None = None
+    dump_rollouts_every: int = 10
+
+
+@dataclass
+class ValidationConfig:
+    data_args: DataArgs = field(default_factory=DataArgs)
+    generating_args: GeneratingArgs = field(default_factory=lambda: GeneratingArgs(temperature=0.0))
+    max_prompts: int | None = None
+
+
+@dataclass
+class RLVRConfig:
+    exp_name: str = "rlvr"
+    seed: int = 42
+    output_dir: str = "./output"
+    pretrain: str = EMBEDDED_MODEL
+    # Cluster shape: devices (GPUs, or CPU slots on CPU-only machines) per node, and node count.
+    # Device ids in device_mapping are global: id // num_gpus_per_node is the node.
+    num_gpus_per_node: int = 1
+    num_nodes: int = 1
+
+    max_steps: int = 100
+    save_steps: int = 0  # 0: no periodic checkpoints
+    logging_steps: int = 1
+    eval_steps: int = 0  # 0: no periodic evaluation
+    resume_from_checkpoint: str | None = None
+
+    rollout_batch_size: int = 8  # prompts per step
+    num_return_sequences_in_group: int = 4
+    prompt_length: int = 128
+    response_length: int = 64
+
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    system_envs: dict[str, str] = field(default_factory=dict)
+
+    actor_train: WorkerConfig = field(default_factory=WorkerConfig)
+    actor_infer: WorkerConfig = field(default_factory=WorkerConfig)
+    reference: WorkerConfig | None = None  # null under LoRA: the actor with its adapter disabled
+    critic: WorkerConfig | None = None  # needed by adv_estimator gae
+    rewards: dict[str, RewardConfig] = field(default_factory=dict)
+
+    # DeepSpeed presets merged at the root by `defaults: - ../config/deepspeed_zero3@_here_`;
+    # roles reference them as ${deepspeed_zero3}. Only the ones a YAML pulls in are set.
+    deepspeed_zero: dict[str, Any] | None = None
+    deepspeed_zero2: dict[str, Any] | None = None
+    deepspeed_zero2_cpuoffload: dict[str, Any] | None = None
+    deepspeed_zero3: dict[str, Any] | None = None
+    deepspeed_zero3_cpuoffload: dict[str, Any] | None = None

@@ -1,0 +1,36 @@
+"""roll_ds entry point: compose -> validate -> connect Ray -> run the pipeline.
+
+    python run.py --config-name rlvr_lora_zero3
+    python run.py --config-name rlvr_lora_zero3 --cfg job --resolve   # print the composed config
+    # switch the ZeRO stage (quoted so the shell leaves ${...} alone):
+    python run.py --config-name rlvr_lora_zero3 \
+        actor_train.strategy_args.strategy_config='${deepspeed_zero2}'
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+import roll_ds.config.store  # noqa: F401  (registers the typed schema with Hydra)
+from roll_ds.config import ConfigError, to_schema, validate
+
+
+@hydra.main(config_path="examples/qwen_rlvr", config_name=None, version_base="1.3")
+def main(raw: DictConfig) -> None:
+    try:
+        cfg = to_schema(raw)
+        validate(cfg)
+    except ConfigError as exc:
+        print(f"roll_ds: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+    from roll_ds.pipeline.launch import run_pipeline
+
+    run_pipeline(cfg)
+
+
+if __name__ == "__main__":
+    main()

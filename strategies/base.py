@@ -1,0 +1,86 @@
+"""The contracts every backend implements, and the name -> class registry.
+
+A role picks its backend with ``strategy_args.strategy_name``. Backends are registered lazily
+(``"module:Class"``) so the registry can be listed and a config validated without importing torch,
+DeepSpeed or vLLM. Importing this module must stay cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from roll_ds.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """What a backend can do, known without importing it."""
+
+    target: str  # "module:Class"
+    trains: bool  # implements TrainStrategy
+    generates: bool  # implements generate()
+
+
+STRATEGY_SPECS: dict[str, StrategySpec] = {
+    "deepspeed_train": StrategySpec(
+        "strategies.deepspeed_train:DeepSpeedTrainStrategy", trains=True, generates=False
+    ),
+    "deepspeed_infer": StrategySpec(
+        "strategies.deepspeed_infer:DeepSpeedInferStrategy", trains=False, generates=False
+    ),
+    "hf_infer": StrategySpec("strategies.hf_infer:HfInferStrategy", trains=False, generates=True),
+    "vllm": StrategySpec("strategies.vllm:VllmStrategy", trains=False, generates=True),
+}
+
+STRATEGIES: Registry[type] = Registry("strategy_name")
+for _name, _spec in STRATEGY_SPECS.items():
+    STRATEGIES.register_lazy(_name, _spec.target)
+
+
+@runtime_checkable
+class InferenceStrategy(Protocol):
+    """Loads a model and scores batches; rollout backends also generate."""
+
+    def initialize(self) -> None:
+        """Load the model (and build process groups / engines) on this worker."""
+
+    def compute_logprobs(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, *, with_entropy: bool
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs of ``input_ids[:, 1:]`` (``logprobs_BT``), optionally ``entropy_BT``."""
+
+    def offload_states(self) -> None:
+        """Free accelerator memory (colocation); a no-op on CPU."""
+
+    def reload_states(self) -> None:
+        """Undo ``offload_states``."""
+
+
+@runtime_checkable
+class GenerateStrategy(InferenceStrategy, Protocol):
+    def generate(self, prompts: list[list[int]], **sampling: Any) -> dict[str, Any]:
+        """Sample responses: token ids and the sampled tokens' log-probs per sample."""
+
+    def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Replace the served weights (weight sync)."""
+
+
+LossFn = Callable[..., tuple["torch.Tensor", dict[str, float]]]
+
+
+@runtime_checkable
+class TrainStrategy(InferenceStrategy, Protocol):
+    def train_step(self, batch: dict[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over ``batch`` (micro-batched, accumulated); returns metrics."""
+
+    def save_checkpoint(self, path: str, tag: str) -> None: ...
+
+    def load_checkpoint(self, path: str, tag: str) -> None: ...
+
+    def named_weights_for_sync(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full (gathered, LoRA-merged) weights under HF names, in size-bounded buckets."""

@@ -1,0 +1,159 @@
+"""Each bad input is reported with the field and the fix, all problems at once."""
+
+import subprocess
+import sys
+
+import pytest
+
+from roll_ds.config import ConfigError, load_config
+from roll_ds.config.compose import PROJECT_ROOT
+
+
+def problems(*overrides: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config("rlvr_lora_zero3", list(overrides), check_files=False)
+    return info.value.problems
+
+
+def only(*overrides: str) -> str:
+    found = problems(*overrides)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_unknown_strategy_lists_valid_ones():
+    msg = only("actor_train.strategy_args.strategy_name=megatron_train")
+    assert msg.startswith("actor_train.strategy_args.strategy_name: unknown strategy_name")
+    assert "'megatron_train'" in msg
+    assert "deepspeed_train, hf_infer, vllm" in msg
+
+
+def test_role_strategy_must_fit_the_role():
+    msg = only("actor_infer.strategy_args.strategy_name=deepspeed_train")
+    assert "cannot generate rollouts" in msg and "hf_infer, vllm" in msg
+
+
+def test_zero_stage_4():
+    msg = only("deepspeed_zero3.zero_optimization.stage=4")
+    assert msg == (
+        "actor_train.strategy_args.strategy_config.zero_optimization.stage: 4 is not a ZeRO "
+        "stage; use one of 0, 1, 2, 3"
+    )
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_offload_with_stage_0_or_1(stage):
+    found = problems(
+        "actor_train.strategy_args.strategy_config=${deepspeed_zero3_cpuoffload}",
+        f"deepspeed_zero3_cpuoffload.zero_optimization.stage={stage}",
+    )
+    assert any("optimizer offload needs ZeRO stage 2 or 3" in p for p in found), found
+    assert any("parameter offload needs ZeRO stage 3" in p for p in found), found
+
+
+def test_batch_arithmetic_that_does_not_divide():
+    msg = only("rollout_batch_size=5")
+    assert "5 x 8 = 40 samples per step is not a multiple of actor_train's train batch" in msg
+    assert "= 64); adjust one of them" in msg
+
+
+def test_deepspeed_train_batch_size_mismatch():
+    msg = only("deepspeed_zero3.train_batch_size=12")
+    assert (
+        "train_batch_size: 12 != micro batch 16 x accumulation 2 x data-parallel size 2 = 64" in msg
+    )
+
+
+def test_device_ids_beyond_cluster():
+    # Hydra's override grammar has no list(); the ROLL-style string is passed quoted.
+    msg = only('actor_infer.device_mapping="list(range(0,4))"')
+    assert "actor_infer.device_mapping: device ids [2, 3] are beyond the cluster" in msg
+    assert "num_nodes 1 x num_gpus_per_node 2 = 2 devices" in msg
+
+
+def test_role_with_no_devices():
+    msg = only("actor_infer.device_mapping=null")
+    assert "actor_infer.world_size: a role without devices needs world_size >= 1" in msg or (
+        "actor_infer.device_mapping: the role has no devices" in msg
+    )
+    msg = only("actor_infer.device_mapping=null", "actor_infer.world_size=1")
+    assert msg.startswith("actor_infer.device_mapping: the role has no devices")
+
+
+@pytest.mark.parametrize("bad", ["list(range(0,2)", "[0,x]", "0..2", "os.system"])
+def test_malformed_device_mapping(bad):
+    msg = only(f'actor_train.device_mapping="{bad}"')
+    assert msg.startswith("actor_train.device_mapping:")
+
+
+def test_world_size_must_agree_with_devices():
+    msg = only("actor_train.world_size=3")
+    assert "actor_train.world_size: 3 disagrees with device_mapping" in msg
+
+
+def test_worker_devices_must_stay_on_one_node():
+    msg = only(
+        "num_gpus_per_node=1",
+        "num_nodes=2",
+        "actor_infer.device_mapping=[0,1]",
+        "actor_infer.num_gpus_per_worker=2",
+    )
+    assert "span two nodes" in msg
+
+
+def test_group_size_must_match_rollout_n():
+    msg = only("actor_infer.generating_args.num_return_sequences=4")
+    assert "num_return_sequences_in_group 8" in msg
+
+
+def test_full_finetune_with_kl_needs_reference():
+    msg = only("actor_train.model_args.lora_rank=null", "algorithm.kl_coef=0.1")
+    assert msg.startswith("reference: algorithm.kl_coef > 0 needs reference log-probs")
+
+
+def test_all_problems_reported_at_once():
+    found = problems(
+        "actor_train.strategy_args.strategy_name=nope",
+        "actor_infer.device_mapping=[9]",
+        "rollout_batch_size=3",
+        "actor_train.model_args.dtype=fp8",
+    )
+    assert len(found) == 4, found
+
+
+def test_missing_files_are_reported():
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            "rlvr_lora_zero3",
+            ["pretrain=/nonexistent/model", "actor_train.data_args.file_name=[/nope.jsonl]"],
+        )
+    text = str(info.value)
+    assert "pretrain: '/nonexistent/model' does not exist" in text
+    assert "actor_train.data_args.file_name[0]: file '/nope.jsonl' not found" in text
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "run.py", "--config-name", "rlvr_lora_zero3", *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_reports_problems_without_traceback():
+    result = run_cli("actor_train.strategy_args.strategy_name=nope", "rollout_batch_size=3")
+    assert result.returncode == 2
+    assert "invalid config (2 problem(s))" in result.stderr
+    assert "unknown strategy_name 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_prints_the_zero_stage_override():
+    result = run_cli(
+        "--cfg", "job", "--resolve", "actor_train.strategy_args.strategy_config=${deepspeed_zero2}"
+    )
+    assert result.returncode == 0, result.stderr
+    actor = result.stdout.split("\nactor_train:\n", 1)[1].split("\nactor_infer:\n", 1)[0]
+    assert "stage: 2" in actor and "stage: 3" not in actor

@@ -1,0 +1,122 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from roll_ds.config.deepspeed import (
+    DeepSpeedConfigError,
+    DeepSpeedInputs,
+    build_deepspeed_config,
+    check_deepspeed_config,
+    offload_devices,
+    zero_stage,
+)
+
+PRESETS = Path(__file__).resolve().parents[2] / "examples" / "config"
+
+
+def preset(name: str) -> dict:
+    return yaml.safe_load((PRESETS / f"{name}.yaml").read_text())[name]
+
+
+def inputs(**kw) -> DeepSpeedInputs:
+    base = dict(
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        dp_size=2,
+        max_grad_norm=1.0,
+        dtype="bf16",
+    )
+    return DeepSpeedInputs(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("name", "stage", "offload"),
+    [
+        ("deepspeed_zero", 0, {}),
+        ("deepspeed_zero2", 2, {}),
+        ("deepspeed_zero2_cpuoffload", 2, {"offload_optimizer": "cpu"}),
+        ("deepspeed_zero3", 3, {}),
+        ("deepspeed_zero3_cpuoffload", 3, {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+    ],
+)
+def test_presets_have_root_key_named_like_file_and_build(name, stage, offload):
+    cfg = preset(name)
+    assert zero_stage(cfg) == stage
+    assert offload_devices(cfg) == offload
+    built = build_deepspeed_config(cfg, inputs(hidden_size=128))
+    assert built["train_micro_batch_size_per_gpu"] == 4
+    assert built["gradient_accumulation_steps"] == 2
+    assert built["train_batch_size"] == 16  # 4 x 2 x 2
+    assert built["gradient_clipping"] == 1.0
+    assert built["bf16"]["enabled"] is True
+    assert built["fp16"]["enabled"] is False
+    assert "auto" not in repr(built)
+    if stage == 3:
+        zero = built["zero_optimization"]
+        assert zero["reduce_bucket_size"] == 128 * 128
+        assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 128 * 128)
+        assert zero["stage3_param_persistence_threshold"] == 1280
+
+
+def test_auto_bucket_sizes_fall_back_to_deepspeed_defaults_without_hidden_size():
+    built = build_deepspeed_config(preset("deepspeed_zero3"), inputs())
+    assert "reduce_bucket_size" not in built["zero_optimization"]
+    assert built["zero_optimization"]["stage3_max_live_parameters"] == 1_000_000_000
+
+
+def test_input_is_not_mutated():
+    cfg = preset("deepspeed_zero2")
+    build_deepspeed_config(cfg, inputs())
+    assert cfg["train_batch_size"] == "auto"
+
+
+def test_fp16_and_fp32():
+    fp16 = build_deepspeed_config(preset("deepspeed_zero2"), inputs(dtype="fp16"))
+    assert fp16["fp16"]["enabled"] is True
+    assert fp16["bf16"]["enabled"] is False
+    fp32 = build_deepspeed_config(preset("deepspeed_zero2"), inputs(dtype="fp32"))
+    assert not fp32["fp16"]["enabled"]
+    assert not fp32["bf16"]["enabled"]
+
+
+def test_explicit_train_batch_size_is_checked():
+    cfg = {**preset("deepspeed_zero2"), "train_batch_size": 10}
+    with pytest.raises(
+        DeepSpeedConfigError, match=r"10 != micro batch 4 x accumulation 2 x .* = 16"
+    ):
+        build_deepspeed_config(cfg, inputs())
+
+
+def test_explicit_micro_batch_must_match_training_args():
+    cfg = {**preset("deepspeed_zero2"), "train_micro_batch_size_per_gpu": 8}
+    with pytest.raises(DeepSpeedConfigError, match="disagree with training_args"):
+        build_deepspeed_config(cfg, inputs())
+
+
+def test_unknown_auto_is_named():
+    cfg = {**preset("deepspeed_zero"), "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}
+    with pytest.raises(DeepSpeedConfigError, match=r"optimizer\.params\.lr"):
+        build_deepspeed_config(cfg, inputs())
+
+
+@pytest.mark.parametrize(
+    ("zero", "message"),
+    [
+        ({"stage": 4}, "4 is not a ZeRO stage; use one of 0, 1, 2, 3"),
+        (
+            {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+            "optimizer offload needs ZeRO stage 2",
+        ),
+        ({"stage": 2, "offload_param": {"device": "cpu"}}, "parameter offload needs ZeRO stage 3"),
+        ({"stage": 3, "offload_param": {"device": "gpu"}}, "'gpu' is not cpu, nvme or none"),
+    ],
+)
+def test_bad_zero_sections(zero, message):
+    problems = check_deepspeed_config({"zero_optimization": zero}, "x")
+    assert any(message in p for p in problems), problems
+
+
+def test_offload_device_none_is_off():
+    cfg = {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "none"}}}
+    assert check_deepspeed_config(cfg, "x") == []
