@@ -1,0 +1,117 @@
+"""Metrics sinks: JSONL (always written), TensorBoard, optional wandb; curves as a PNG."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class Tracker:
+    """Fan one ``log(metrics, step)`` call out to the configured sinks."""
+
+    def __init__(
+        self,
+        log_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        jsonl: bool = True,
+        wandb_project: str | None = None,
+        run_name: str = "rlvr",
+        config: Mapping[str, Any] | None = None,
+        resume_step: int = 0,
+    ) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = None
+        if jsonl:
+            path = self.log_dir / METRICS_FILE
+            if resume_step:  # drop rows past the checkpoint: the resumed run writes them again
+                _truncate_after(path, resume_step)
+            self._jsonl = open(path, "a")  # noqa: SIM115  (closed in close())
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(
+                str(self.log_dir / "tensorboard"), purge_step=resume_step or None
+            )
+        self._wandb = None
+        if wandb_project:
+            import wandb
+
+            self._wandb = wandb.init(
+                project=wandb_project, name=run_name, config=dict(config or {}), resume="allow"
+            )
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in clean.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, float]]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves(rows: list[dict[str, float]], keys: list[str], out_png: str | Path) -> Path | None:
+    """One panel per key present in ``rows`` (x: step); returns the PNG path, None if no data."""
+    present = [k for k in keys if any(k in r for r in rows)]
+    if not present:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], present, strict=True):
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def _is_number(value: Any) -> bool:
+    """Numbers (NaN included: a diverging loss must show) but not strings or containers."""
+    if isinstance(value, bool):
+        return True
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    keep = [row for row in read_metrics(path) if row.get("step", 0) <= step]
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
