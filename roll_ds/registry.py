@@ -1,12 +1,12 @@
 """A tiny name -> object registry, one instance per kind of swappable part.
 
-    ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+    KL_ESTIMATORS: Registry[KlFn] = Registry("kl estimator")
 
-    @ADVANTAGE_ESTIMATORS.register("grpo")
-    def grpo(...): ...
+    @KL_ESTIMATORS.register("k1")
+    def kl_k1(logprobs_BT, ref_logprobs_BT): ...
 
-    ADVANTAGE_ESTIMATORS.get("grpoo")
-    # ValueError: unknown advantage estimator 'grpoo'; valid: dr_grpo, gae, grpo, ...
+    KL_ESTIMATORS.get("k4")
+    # ValueError: unknown kl estimator 'k4'; valid: k1, k2, k3
 
 Entries can also be registered lazily as ``"module:attr"`` strings (``register_lazy``) so that
 names can be listed and configs validated without importing heavy backends; ``get`` imports
