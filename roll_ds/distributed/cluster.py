@@ -1,0 +1,280 @@
+"""Cluster: one role = ``world_size`` Worker actors, placed by the ResourceManager, called with
+dispatch modes, failing loudly.
+
+    rm = ResourceManager(roles, num_gpus_per_node=2)
+    actor = Cluster("actor_train", ActorWorker, rm, env=cfg.actor_train.system_envs)
+    actor.init_process_group()             # Dispatch.ALL
+    out = actor.compute_log_probs(batch)   # Dispatch.DP: split across ranks, concatenated back
+
+Failures: every call waits with ``ray.wait`` and raises at the *first* failed rank -- a
+``WorkerError`` naming role, rank, node and the original exception -- without waiting for the
+others (which may be stuck in a collective with the dead rank). Ray reports a killed or crashed
+actor to pending calls within about a second. ``call_timeout_s`` (or ``_timeout_s=`` per call)
+bounds calls on live-but-stuck workers; start-up is always bounded by ``start_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.actor import ActorClass, ActorHandle
+from ray.exceptions import RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from roll_ds.distributed.dispatch import DispatchSpec, collect, dispatch_spec, split_call
+from roll_ds.distributed.errors import ClusterError, WorkerError, WorkerTimeoutError
+from roll_ds.distributed.resource_manager import ActorPlacement, ResourceManager
+from roll_ds.distributed.worker import Worker, node_probe
+
+
+class Cluster:
+    def __init__(
+        self,
+        name: str,
+        worker_cls: type[Worker] | ActorClass,
+        resource_manager: ResourceManager | None = None,
+        *,
+        placements: Sequence[ActorPlacement] | None = None,
+        init_args: tuple = (),
+        init_kwargs: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        num_threads: int | None = None,
+        start_timeout_s: float = 300.0,
+        call_timeout_s: float | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Start the role's actors and wait (bounded) until every rank answers.
+
+        ``env``: the role's ``system_envs``. ``num_threads``: OMP/MKL/torch threads per actor;
+        None: 1 for actors on CPU slots and CPU-only roles, else the CPUs the actor reserved.
+        ``actor_options``: extra ``.options()`` for every actor (e.g. ``max_concurrency``).
+        """
+        if placements is None:
+            if resource_manager is None:
+                raise ValueError("Cluster needs a resource_manager or explicit placements")
+            placements = resource_manager.placements(name)
+        if not placements:
+            raise ValueError(f"{name}: no placements (world_size 0)")
+        self.name = name
+        self.worker_cls, actor_cls = _resolve(worker_cls)
+        self.placements = list(placements)
+        self.call_timeout_s = call_timeout_s
+        self.infos: list[dict[str, Any]] = []
+        self.actors: list[ActorHandle] = []
+        device_resource = resource_manager.plan.device_resource if resource_manager else None
+
+        start = time.perf_counter()
+        self.master_node_id, self.master_addr, self.master_port = self._probe_master()
+        rank_env = _thread_env(num_threads, self.placements[0], device_resource)
+        rank_env.update(
+            ROLL_DS_ROLE=name,
+            WORLD_SIZE=str(self.world_size),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
+        # The role's system_envs go through Ray's runtime_env, so they are set before the worker's
+        # module is imported; that costs ~1-2 s per actor start on a 2-core box, so the per-rank
+        # variables are set in the actor process right before Worker.__init__ instead.
+        self.system_envs = {k: str(v) for k, v in (env or {}).items()}
+        runtime_env = {"env_vars": self.system_envs} if self.system_envs else None
+        kwargs = dict(init_kwargs or {})
+        try:
+            for p in self.placements:
+                options = self._options(p, runtime_env)
+                options.update(actor_options or {})
+                self.actors.append(
+                    actor_cls.options(**options).remote(
+                        *init_args, _roll_ds_env=_rank_env(rank_env, p), **kwargs
+                    )
+                )
+            refs = [a._roll_info.remote() for a in self.actors]
+            self.infos = self._gather(
+                "__init__", list(range(self.world_size)), refs, start_timeout_s
+            )
+        except BaseException:
+            self.shutdown()
+            raise
+        self.start_s = time.perf_counter() - start
+
+    # --- starting ------------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return len(self.placements)
+
+    def _probe_master(self) -> tuple[str, str, int]:
+        """Rank 0's node id, IP and a free port there (a tiny task on that node)."""
+        first = self.placements[0]
+        if first.node_id is not None:
+            strategy = NodeAffinitySchedulingStrategy(first.node_id, soft=False)
+            task = ray.remote(node_probe).options(num_cpus=0, scheduling_strategy=strategy)
+        else:  # CPU-only role: rank 0 goes where the probe found room, pinned there below
+            task = ray.remote(node_probe).options(num_cpus=first.options.get("num_cpus", 0))
+        try:
+            return ray.get(task.remote(), timeout=60)
+        except ray.exceptions.GetTimeoutError:
+            raise ClusterError(
+                f"{self.name}: could not run a 0-CPU probe task on rank 0's node within 60 s "
+                f"(node {first.node_id or 'any'}); is the node alive?"
+            ) from None
+
+    def _options(self, p: ActorPlacement, runtime_env: dict | None) -> dict[str, Any]:
+        options = dict(p.options)
+        if p.slot.rank == 0 and p.node_id is None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                self.master_node_id, soft=False
+            )
+        options.update(max_restarts=0, max_task_retries=0)
+        if runtime_env:
+            options["runtime_env"] = runtime_env
+        return options
+
+    # --- calling -------------------------------------------------------------------------------
+
+    def __getattr__(self, method: str) -> Any:
+        cls = self.__dict__.get("worker_cls")
+        if method.startswith("_") or cls is None:
+            raise AttributeError(method)
+        if not callable(getattr(cls, method, None)):
+            raise AttributeError(f"{cls.__name__} (role {self.name}) has no method {method!r}")
+        return functools.partial(self.call, method)
+
+    def call(
+        self, method: str, /, *args: Any, _timeout_s: float | None = None, **kwargs: Any
+    ) -> Any:
+        """Call ``method`` on the ranks its dispatch mode names and combine the results."""
+        return self.submit(method, *args, **kwargs).get(_timeout_s)
+
+    def submit(self, method: str, /, *args: Any, **kwargs: Any) -> PendingCall:
+        """Start a call without waiting (to overlap roles); ``.get()`` it later."""
+        spec = dispatch_spec(self.worker_cls, method)
+        calls = split_call(spec, self.world_size, args, kwargs)
+        refs = [getattr(self.actors[r], method).remote(*a, **kw) for r, a, kw in calls]
+        return PendingCall(self, method, spec, [r for r, _, _ in calls], refs)
+
+    def _gather(
+        self, method: str, ranks: list[int], refs: list[ray.ObjectRef], timeout_s: float | None
+    ) -> list[Any]:
+        """Results in order; the first failed rank raises ``WorkerError`` at once."""
+        results: list[Any] = [None] * len(refs)
+        pending = {ref: i for i, ref in enumerate(refs)}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+            if not ready:
+                late = sorted(ranks[i] for i in pending.values())
+                raise WorkerTimeoutError(self.name, method, late, timeout_s or 0.0)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except RayError as exc:
+                    raise self._worker_error(ranks[i], method, exc) from exc
+        return results
+
+    def _worker_error(self, rank: int, method: str, exc: BaseException) -> WorkerError:
+        info = self.infos[rank] if rank < len(self.infos) else {}
+        placement = self.placements[rank]
+        return WorkerError(
+            self.name,
+            rank,
+            method,
+            exc,
+            node_id=info.get("node_id") or placement.node_id,
+            node_ip=info.get("node_ip") or placement.node_ip,
+            pid=info.get("pid"),
+        )
+
+    # --- teardown ------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Kill every actor of the role (placement groups stay with the ResourceManager)."""
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # best effort: Ray may already be gone
+                ray.kill(actor, no_restart=True)
+        self.actors = []
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        nodes = sorted({i.get("node_ip", "?") for i in self.infos})
+        cls = self.worker_cls.__name__
+        return f"Cluster({self.name!r}, {cls}, world_size={self.world_size}, nodes={nodes})"
+
+
+class PendingCall:
+    """A submitted call; ``get()`` waits (bounded by the cluster's ``call_timeout_s``)."""
+
+    def __init__(
+        self, cluster: Cluster, method: str, spec: DispatchSpec, ranks: list[int], refs: list
+    ) -> None:
+        self.cluster, self.method, self.spec, self.ranks, self.refs = (
+            cluster,
+            method,
+            spec,
+            ranks,
+            refs,
+        )
+
+    def get(self, timeout_s: float | None = None) -> Any:
+        timeout_s = self.cluster.call_timeout_s if timeout_s is None else timeout_s
+        results = self.cluster._gather(self.method, self.ranks, self.refs, timeout_s)
+        return collect(self.spec, results)
+
+
+def _resolve(worker_cls: type[Worker] | ActorClass) -> tuple[type, ActorClass]:
+    """(the user's class, the Ray actor class that sets the rank env before its __init__).
+
+    An ``@ray.remote`` class is unwrapped: its decorator options are not kept (placement sets the
+    resources; pass anything else through ``actor_options``).
+    """
+    cls = worker_cls
+    if isinstance(worker_cls, ActorClass):
+        modified = worker_cls.__ray_metadata__.modified_class  # Ray's subclass of the original
+        cls = modified.__bases__[0] if "__ray_terminate__" in vars(modified) else modified
+    if not (isinstance(cls, type) and issubclass(cls, Worker)):
+        raise TypeError(f"{cls!r} is not a subclass of roll_ds.distributed.worker.Worker")
+    return cls, ray.remote(_with_rank_env(cls))
+
+
+def _with_rank_env(cls: type) -> type:
+    """Subclass of ``cls`` whose __init__ first applies the env Cluster passes as a keyword."""
+
+    def __init__(self, *args: Any, _roll_ds_env: Mapping[str, str], **kwargs: Any) -> None:
+        os.environ.update(_roll_ds_env)
+        cls.__init__(self, *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
+
+
+def _rank_env(base: Mapping[str, str], p: ActorPlacement) -> dict[str, str]:
+    slot = p.slot
+    env = dict(base)
+    env.update(
+        RANK=str(slot.rank), LOCAL_RANK="0", ROLL_DS_NODE_LOCAL_RANK=str(slot.node_local_rank)
+    )
+    if slot.node is not None:
+        env["ROLL_DS_NODE"] = str(slot.node)
+    env.update(p.env)  # e.g. CUDA_VISIBLE_DEVICES of a multi-device worker
+    return env
+
+
+def _thread_env(
+    num_threads: int | None, first: ActorPlacement, device_resource: str | None
+) -> dict[str, str]:
+    if num_threads is None:
+        on_cpu = first.node_id is None or device_resource in (None, "CPU")
+        num_threads = 1 if on_cpu else max(1, int(first.options.get("num_cpus", 1)))
+    n = str(num_threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "ROLL_DS_NUM_THREADS": n}

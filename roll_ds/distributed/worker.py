@@ -1,0 +1,135 @@
+"""Worker: base class of every role's Ray actors.
+
+``Cluster`` gives each rank this environment (read back through the properties below). The
+role's ``system_envs`` come through Ray's ``runtime_env``, so they are set before the worker's
+module is imported; the per-rank variables are set in the actor process right before
+``__init__`` runs (a per-actor runtime_env doubled actor start time on a 2-core box):
+
+    RANK, WORLD_SIZE        the rank within the role and the role's size
+    LOCAL_RANK              always 0: each actor sees only its own devices (Ray sets
+                            CUDA_VISIBLE_DEVICES per actor), so its first device is index 0 --
+                            DeepSpeed and torch pick ``cuda:LOCAL_RANK``
+    ROLL_DS_NODE_LOCAL_RANK the rank among the role's workers on the same node
+    ROLL_DS_NODE            the logical node index of the device_mapping (absent for CPU roles)
+    MASTER_ADDR/PORT        rank 0's node IP and a port that was free there
+    ROLL_DS_ROLE            the role name
+    OMP_NUM_THREADS, MKL_NUM_THREADS, ROLL_DS_NUM_THREADS   thread budget (1 on CPU by default)
+    CUDA_VISIBLE_DEVICES    set by Ray from the bundle's GPU; for multi-device workers set by
+                            Cluster to all the worker's GPUs (CUDA reads it at first use)
+
+Subclasses call ``super().__init__()`` (it applies the thread budget) and should create process
+groups with ``init_process_group`` (dispatched to all ranks) once the cluster is up, not in
+``__init__``: a rank that fails to start would leave the others blocked in the rendezvous.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from roll_ds.distributed.dispatch import Dispatch, register
+
+
+class Worker:
+    def __init__(self) -> None:
+        apply_thread_budget()
+
+    # --- identity (from the env Cluster set) ---------------------------------------------------
+
+    @property
+    def role(self) -> str:
+        return os.environ.get("ROLL_DS_ROLE", "worker")
+
+    @property
+    def rank(self) -> int:
+        return int(os.environ.get("RANK", "0"))
+
+    @property
+    def world_size(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def node_local_rank(self) -> int:
+        return int(os.environ.get("ROLL_DS_NODE_LOCAL_RANK", "0"))
+
+    @property
+    def master_addr(self) -> str:
+        return os.environ["MASTER_ADDR"]
+
+    @property
+    def master_port(self) -> int:
+        return int(os.environ["MASTER_PORT"])
+
+    # --- helpers every role has ----------------------------------------------------------------
+
+    def _roll_info(self) -> dict[str, Any]:
+        """Where this actor runs and what it sees (Cluster collects it at start)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "rank": self.rank,
+            "node_id": ctx.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "accelerator_ids": {k: v for k, v in ctx.get_accelerator_ids().items() if v},
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "num_threads": _torch_threads(),
+        }
+
+    @register(Dispatch.ALL)
+    def init_process_group(self, backend: str | None = None, timeout_s: float = 1800.0) -> None:
+        """Create the role's default process group from RANK/WORLD_SIZE/MASTER_* (idempotent)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return
+        if backend is None:
+            from roll_ds.platform import current_platform
+
+            backend = current_platform().dist_backend
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{self.master_addr}:{self.master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+    @register(Dispatch.ALL)
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(self, *args, **kwargs)`` on the worker (debugging, one-off setup)."""
+        return fn(self, *args, **kwargs)
+
+
+def apply_thread_budget() -> None:
+    """Set torch's intra-op threads to ROLL_DS_NUM_THREADS if torch is already imported.
+
+    OMP_NUM_THREADS (set in the actor's env) sizes torch's pool when torch is imported later.
+    """
+    n = os.environ.get("ROLL_DS_NUM_THREADS")
+    if n and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(n))
+
+
+def _torch_threads() -> int | None:
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
+
+
+def node_probe() -> tuple[str, str, int]:
+    """(node id, node IP, a TCP port free on that node) -- run as a Ray task on the target node."""
+    import ray
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), port

@@ -1,0 +1,172 @@
+"""A dying or failing worker surfaces fast as an error naming role, rank and node; an
+unsatisfiable placement fails fast. One local Ray with devices as CPU slots (the CPU-box path).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray import cloudpickle  # noqa: E402
+from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+
+from roll_ds.distributed.cluster import Cluster  # noqa: E402
+from roll_ds.distributed.dispatch import Dispatch, register  # noqa: E402
+from roll_ds.distributed.errors import PlacementError, WorkerError, WorkerTimeoutError  # noqa: E402
+from roll_ds.distributed.placement import RoleSpec  # noqa: E402
+from roll_ds.distributed.ray_init import connect  # noqa: E402
+from roll_ds.distributed.resource_manager import ResourceManager  # noqa: E402
+from roll_ds.distributed.worker import Worker  # noqa: E402
+
+pytestmark = pytest.mark.integration
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+BOUND_S = 30.0  # a failure must surface well within this
+
+
+class Flaky(Worker):
+    def ping(self) -> int:
+        return self.rank
+
+    def fail_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"bad input on rank {rank}")
+        return self.rank
+
+    def crash_on(self, rank: int) -> int:
+        """``rank`` dies like an OOM kill (SIGKILL); the others hang as if in a collective."""
+        if self.rank == rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(600)
+        return self.rank
+
+    @register(Dispatch.RANK0)
+    def slow(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class BrokenInit(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        if self.rank == 1:
+            raise RuntimeError("no model weights on this node")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    saved = os.environ.pop("RAY_ADDRESS", None)
+    conn = connect(num_cpus=4, log_to_driver=False)
+    yield conn
+    ray.shutdown()
+    if saved is not None:
+        os.environ["RAY_ADDRESS"] = saved
+
+
+@pytest.fixture(scope="module")
+def rm(local_ray):
+    manager = ResourceManager(
+        {"actor_train": RoleSpec((0, 1), 2), "rewards.math": RoleSpec((), 1, 0)},
+        num_gpus_per_node=2,
+        device_resource="CPU",
+        ready_timeout_s=30,
+    ).reserve()
+    yield manager
+    manager.release()
+
+
+def test_connect_started_a_local_ray(local_ray):
+    assert local_ray.started_local and local_ray.address is None
+    assert local_ray.resources["CPU"] == 4
+    assert local_ray.init_s > 0
+
+
+def elapsed(fn) -> tuple[BaseException, float]:
+    start = time.perf_counter()
+    with pytest.raises(Exception) as info:
+        fn()
+    return info.value, time.perf_counter() - start
+
+
+def test_killed_worker_is_reported_with_role_rank_and_node(rm):
+    train = Cluster("actor_train", Flaky, rm)
+    try:
+        assert train.ping() == [0, 1]
+        node = train.infos[1]["node_id"]
+        ray.kill(train.actors[1])
+        err, took = elapsed(train.ping)
+        assert isinstance(err, WorkerError)
+        print(f"killed worker surfaced after {took:.3f} s")
+        assert took < BOUND_S
+        assert (err.role, err.rank, err.node_id) == ("actor_train", 1, node)
+        assert str(err).startswith(f"actor_train rank 1 on node {node[:12]}")
+        assert "ActorDiedError" in str(err) and "killed by `ray.kill`" in str(err)
+    finally:
+        train.shutdown()
+
+
+def test_crash_mid_call_does_not_wait_for_the_other_ranks(rm):
+    train = Cluster("actor_train", Flaky, rm)
+    try:
+        err, took = elapsed(lambda: train.crash_on(0))
+        assert isinstance(err, WorkerError) and err.rank == 0, err
+        print(f"SIGKILLed worker surfaced after {took:.3f} s")
+        assert took < BOUND_S  # rank 1 is still sleeping 600 s
+        assert "actor_train rank 0" in str(err)
+    finally:
+        train.shutdown()
+
+
+def test_exception_in_a_method_carries_the_original(rm):
+    rewards = Cluster("rewards.math", Flaky, rm)
+    try:
+        err, _ = elapsed(lambda: rewards.fail_on(0))
+        assert isinstance(err, WorkerError)
+        assert isinstance(err.cause.cause, ValueError)
+        assert "rewards.math rank 0" in str(err)
+        assert "failed in fail_on(): ValueError: bad input on rank 0" in str(err)
+    finally:
+        rewards.shutdown()
+
+
+def test_stuck_call_times_out_naming_the_ranks(rm):
+    rewards = Cluster("rewards.math", Flaky, rm)
+    try:
+        err, took = elapsed(lambda: rewards.call("slow", 30, _timeout_s=1))
+        assert isinstance(err, WorkerTimeoutError) and err.ranks == [0]
+        assert took < 10
+        assert "rewards.math.slow(): ranks [0] did not answer within 1 s" in str(err)
+    finally:
+        rewards.shutdown()
+
+
+def test_failing_init_is_reported_and_cleaned_up(rm):
+    err, took = elapsed(lambda: Cluster("actor_train", BrokenInit, rm, start_timeout_s=60))
+    assert isinstance(err, WorkerError) and err.rank == 1 and err.method == "__init__"
+    assert "no model weights on this node" in str(err)
+    assert took < 60
+    # the failed start gave its bundle back: a new cluster fits again
+    Cluster("actor_train", Flaky, rm).shutdown()
+
+
+def test_held_resources_fail_fast_instead_of_waiting(local_ray, rm):
+    # rm holds 2 of 4 CPUs; take 2 more so nothing is free for a second plan
+    hog = placement_group([{"CPU": 2}])
+    ray.get(hog.ready(), timeout=30)
+    try:
+        other = ResourceManager(
+            {"critic": RoleSpec((0, 1), 2)},
+            num_gpus_per_node=2,
+            device_resource="CPU",
+            ready_timeout_s=30,
+        )
+        err, took = elapsed(other.reserve)
+        assert isinstance(err, PlacementError) and took < 5
+        assert "placement needs 2 CPU for 2 device bundle(s) on node(s) [0]" in str(err)
+        assert "free in the Ray cluster (total 4)" in str(err)
+    finally:
+        remove_placement_group(hog)
