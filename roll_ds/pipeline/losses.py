@@ -1,0 +1,97 @@
+"""The actor's training loss, built from ``AlgorithmConfig`` and shipped to the training workers.
+
+A frozen dataclass (picklable, no closures) called by the strategy once per micro batch with the
+trainer's fresh log-probs; everything else it reads travels in the micro batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from roll_ds.algorithms.aggregation import aggregate_loss
+from roll_ds.algorithms.kl import kl_loss
+from roll_ds.algorithms.policy_loss import ppo_policy_loss, tis_weights
+from roll_ds.config.schema import AlgorithmConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyLoss:
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    ratio_level: str
+    agg_mode: str
+    kl_coef: float  # > 0 with use_kl_loss: KL to the reference as a loss term
+    kl_estimator: str
+    entropy_coef: float
+    tis_cap: float | None
+    norm_constant: float | None = None  # seq-mean-token-sum-norm: the response length budget
+
+    @classmethod
+    def from_config(cls, algo: AlgorithmConfig, response_length: int) -> PolicyLoss:
+        return cls(
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            dual_clip=algo.dual_clip,
+            ratio_level=algo.ratio_level,
+            agg_mode=algo.loss_agg_mode,
+            kl_coef=algo.kl_coef if algo.use_kl_loss and not algo.kl_in_reward else 0.0,
+            kl_estimator=algo.kl_estimator,
+            entropy_coef=algo.entropy_coef,
+            tis_cap=algo.tis_cap,
+            norm_constant=float(response_length),
+        )
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy_coef != 0.0
+
+    def __call__(
+        self,
+        logprobs_BT: torch.Tensor,
+        batch: dict[str, Any],
+        entropy_BT: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask_BT = batch["response_mask"]
+        weights_BT = None
+        if self.tis_cap is not None:
+            weights_BT = tis_weights(
+                batch["old_logprobs"], batch["rollout_logprobs"], self.tis_cap, mask_BT
+            )
+        loss, metrics = ppo_policy_loss(
+            logprobs_BT,
+            batch["old_logprobs"],
+            batch["advantages"],
+            mask_BT,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            dual_clip=self.dual_clip,
+            ratio_level=self.ratio_level,
+            agg_mode=self.agg_mode,
+            norm_constant=self.norm_constant,
+            is_weights_BT=weights_BT,
+        )
+        out = {f"actor/{k}": float(v) for k, v in metrics.items()}
+        out["actor/pg_loss"] = float(loss.detach())
+        if self.kl_coef > 0:
+            kl = kl_loss(
+                logprobs_BT,
+                batch["ref_logprobs"],
+                mask_BT,
+                estimator=self.kl_estimator,
+                agg_mode=self.agg_mode,
+                norm_constant=self.norm_constant,
+            )
+            loss = loss + self.kl_coef * kl
+            out["actor/kl_loss"] = float(kl.detach())
+        if entropy_BT is not None:
+            entropy = aggregate_loss(
+                entropy_BT, mask_BT, self.agg_mode, norm_constant=self.norm_constant
+            )
+            out["actor/entropy"] = float(entropy.detach())
+            if self.entropy_coef:
+                loss = loss - self.entropy_coef * entropy
+        return loss, out
