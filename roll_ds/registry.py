@@ -60,9 +60,13 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} '{name}' is already registered")
         self._entries[name] = _Lazy(target)
 
-    def get(self, name: str) -> T:
+    def check(self, name: str) -> None:
+        """Raise the unknown-name error (listing the valid names) without importing anything."""
         if name not in self._entries:
             raise ValueError(self.unknown_message(name))
+
+    def get(self, name: str) -> T:
+        self.check(name)
         entry = self._entries[name]
         if isinstance(entry, _Lazy):
             module_name, _, attr = entry.target.partition(":")

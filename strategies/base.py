@@ -26,6 +26,17 @@ class StrategySpec:
     generates: bool  # implements generate()
 
 
+@dataclass(frozen=True, kw_only=True)
+class StrategyContext:
+    """Pipeline-level facts every backend may need besides its role's config."""
+
+    pretrain: str  # resolved model directory (the role's model_args may override it)
+    seed: int
+    max_steps: int  # optimizer schedules decay over it
+    response_length: int  # default max_new_tokens for generation
+    stop_token_ids: tuple[int, ...] = ()
+
+
 STRATEGY_SPECS: dict[str, StrategySpec] = {
     "deepspeed_train": StrategySpec(
         "strategies.deepspeed_train:DeepSpeedTrainStrategy", trains=True, generates=False

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from roll_ds.config.schema import GeneratingArgs, WorkerConfig
 from roll_ds.platform import current_platform
+from strategies.base import StrategyContext
 
 if TYPE_CHECKING:
     import torch
@@ -242,25 +243,17 @@ class VllmStrategy:
         self._asleep: set[str] = set()  # SLEEP_TAGS offloaded by offload_states
 
     @classmethod
-    def from_worker_config(
-        cls,
-        worker: WorkerConfig,
-        *,
-        pretrain: str,
-        seed: int,
-        response_length: int,
-        stop_token_ids: Sequence[int] = (),
-    ) -> VllmStrategy:
+    def from_worker_config(cls, worker: WorkerConfig, ctx: StrategyContext) -> VllmStrategy:
         on_gpu = current_platform().is_cuda
         return cls(
-            model_path=worker.model_args.model_name_or_path or pretrain,
+            model_path=worker.model_args.model_name_or_path or ctx.pretrain,
             dtype=worker.model_args.dtype,
-            seed=seed,
+            seed=ctx.seed,
             tensor_parallel_size=worker.num_gpus_per_worker if on_gpu else 1,
             strategy_config=worker.strategy_args.strategy_config,
             generating_args=worker.generating_args,
-            max_new_tokens=response_length,
-            stop_token_ids=stop_token_ids,
+            max_new_tokens=ctx.response_length,
+            stop_token_ids=ctx.stop_token_ids,
         )
 
     # -----------------------------------------------------------------------------------------

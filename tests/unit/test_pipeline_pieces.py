@@ -51,3 +51,38 @@ def test_policy_loss_adds_kl_and_entropy_terms():
     assert abs(loss.item() - (0.25 - 0.05)) < 1e-6
     assert abs(metrics["actor/kl_loss"] - 0.5) < 1e-6
     assert abs(metrics["actor/entropy"] - 0.5) < 1e-6
+
+
+def test_domain_routes_require_every_domain_once():
+    from roll_ds.pipeline.rollout import domain_routes
+
+    assert domain_routes(["math", "reverse"], {"m": ["math"], "r": ["reverse"]}) == {
+        "math": "m",
+        "reverse": "r",
+    }
+    import pytest
+
+    with pytest.raises(ValueError, match=r"no reward role scores the data domains \['reverse'\]"):
+        domain_routes(["math", "reverse"], {"m": ["math"]})
+    with pytest.raises(ValueError, match="domain 'math' is also in m"):
+        domain_routes(["math"], {"m": ["math"], "m2": ["math"]})
+
+
+def test_group_has_signal():
+    from roll_ds.pipeline.rollout import group_has_signal
+
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    assert group_has_signal(scores, 2).tolist() == [False, False, True]
+
+
+def test_domain_metrics_by_hand():
+    from roll_ds.pipeline.rollout import domain_metrics
+
+    infos = [{"correct": True}, {"correct": False}, {"correct": True, "timed_out": True}, {}]
+    out = domain_metrics("eval", ["a", "a", "b", "b"], [1.0, 0.0, 1.0, 0.5], infos)
+    assert out["eval/score"] == 0.625
+    assert out["eval/accuracy"] == 2 / 3  # rows without "correct" do not count
+    assert out["eval/a/accuracy"] == 0.5
+    assert out["eval/b/accuracy"] == 1.0
+    assert out["eval/b/score"] == 0.75
+    assert out["eval/timeouts"] == 1.0

@@ -247,6 +247,7 @@ def test_from_worker_config_flattens_an_omegaconf_role(monkeypatch):
     from omegaconf import OmegaConf
 
     from roll_ds.config.schema import WorkerConfig
+    from strategies.base import StrategyContext
     from strategies.vllm import VllmStrategy
 
     monkeypatch.setenv("ROLL_DS_DEVICE", "cpu")
@@ -259,9 +260,10 @@ def test_from_worker_config_flattens_an_omegaconf_role(monkeypatch):
         role.model_args.dtype = "bf16"
         role.strategy_args.strategy_config = {"enforce_eager": True}
         role.generating_args.temperature = 0.6
-        strategy = VllmStrategy.from_worker_config(
-            role, pretrain="/models/x", seed=5, response_length=32, stop_token_ids=[2]
+        ctx = StrategyContext(
+            pretrain="/models/x", seed=5, max_steps=1, response_length=32, stop_token_ids=(2,)
         )
+        strategy = VllmStrategy.from_worker_config(role, ctx)
     finally:
         current_platform.cache_clear()
     assert strategy.model_path == "/models/x" and strategy.dtype == "bf16"

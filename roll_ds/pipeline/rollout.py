@@ -1,0 +1,79 @@
+"""Driver-side rollout bookkeeping: prompts in, a scored and packed training batch out.
+
+Pure functions over plain Python and torch (no Ray), so each step of the RLVR loop is testable
+on its own: encoding prompts, routing responses to reward roles by domain, group filtering for
+dynamic sampling, and the per-domain metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def encode_prompt(tokenizer: Any, text: str, template: str) -> list[int]:
+    """Token ids of one prompt: ``raw`` uses the text as is, ``chat`` the tokenizer's template."""
+    if template == "chat":
+        return list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+        )
+    if template != "raw":
+        raise ValueError(f"data_args.template: unknown template {template!r}; valid: raw, chat")
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def domain_routes(
+    domains: Sequence[str], tag_included: Mapping[str, Sequence[str]]
+) -> dict[str, str]:
+    """``{domain: reward role}``; every data domain must be claimed by exactly one role."""
+    routes: dict[str, str] = {}
+    problems = []
+    for role, tags in tag_included.items():
+        for tag in tags:
+            if tag in routes:
+                problems.append(
+                    f"rewards.{role}.tag_included: domain {tag!r} is also in {routes[tag]}"
+                )
+            routes[tag] = role
+    missing = sorted(set(domains) - set(routes))
+    if missing:
+        problems.append(
+            f"rewards: no reward role scores the data domains {missing}; add them to a role's "
+            "tag_included"
+        )
+    if problems:
+        raise ValueError("\n".join(problems))
+    return routes
+
+
+def group_has_signal(scores_B: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[num_groups]`` bool: the group's rewards are not all equal (it carries a gradient)."""
+    groups = scores_B.view(-1, group_size)
+    return (groups.max(dim=1).values - groups.min(dim=1).values) > 1e-6
+
+
+def domain_metrics(
+    prefix: str, domains: Sequence[str], scores: Sequence[float], infos: Sequence[Mapping]
+) -> dict[str, float]:
+    """Mean score and accuracy (where the reward reports ``correct``), overall and per domain."""
+    out: dict[str, float] = {}
+    domains_arr = np.asarray(domains, dtype=object)
+    scores_arr = np.asarray(scores, dtype=np.float64)
+    correct = np.asarray([bool(i.get("correct", False)) for i in infos])
+    has_correct = np.asarray(["correct" in i for i in infos])
+    for name in [None, *sorted(set(domains))]:
+        sel = np.ones(len(scores_arr), bool) if name is None else domains_arr == name
+        tag = f"{prefix}/" if name is None else f"{prefix}/{name}/"
+        if not sel.any():
+            continue
+        out[f"{tag}score"] = float(scores_arr[sel].mean())
+        if has_correct[sel].any():
+            out[f"{tag}accuracy"] = float(correct[sel & has_correct].mean())
+    out[f"{prefix}/timeouts"] = float(sum(bool(i.get("timed_out")) for i in infos))
+    out[f"{prefix}/errors"] = float(sum(bool(i.get("error")) for i in infos))
+    return out
