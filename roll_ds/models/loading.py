@@ -1,0 +1,130 @@
+"""Load an HF causal LM for a role: dtype, attention implementation, optional ZeRO-3 sharded
+construction, LoRA through peft.
+
+``pretrain`` values of the form ``embedded:<name>`` are resolved by
+``roll_ds.models.embedded.resolve_pretrain`` (the built-in tiny model, built and cached on first
+use); anything else is a local directory or a hub id that transformers resolves itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
+EMBEDDED_PREFIX = "embedded:"
+ATTN_IMPLEMENTATIONS = {None: None, "eager": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A directory or hub id transformers can load; ``embedded:*`` is built on first use."""
+    if name_or_path.startswith(EMBEDDED_PREFIX):
+        from roll_ds.models import embedded  # built-in tiny model, materialised and cached
+
+        return embedded.resolve_pretrain(name_or_path)
+    return name_or_path
+
+
+def attn_implementation(name: str | None) -> str | None:
+    if name not in ATTN_IMPLEMENTATIONS:
+        valid = ", ".join(str(k) for k in ATTN_IMPLEMENTATIONS if k)
+        raise ValueError(f"unknown attn_implementation {name!r}; valid: {valid} or null")
+    return ATTN_IMPLEMENTATIONS[name]
+
+
+@contextlib.contextmanager
+def zero3_construction(ds_config: Mapping[str, Any] | None) -> Iterator[None]:
+    """While active, ``from_pretrained`` builds the model already partitioned by ZeRO-3
+    (``deepspeed.zero.Init`` through transformers' ``HfDeepSpeedConfig``), so no rank ever holds
+    the full model. A no-op for ``None`` or a config below stage 3."""
+    stage = int(((ds_config or {}).get("zero_optimization") or {}).get("stage", 0))
+    if stage != 3:
+        yield
+        return
+    from transformers.integrations.deepspeed import (
+        HfDeepSpeedConfig,
+        unset_hf_deepspeed_config,
+    )
+
+    keep_alive = HfDeepSpeedConfig(dict(ds_config))  # transformers holds only a weakref
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()
+        del keep_alive
+
+
+def load_causal_lm(
+    path: str,
+    *,
+    dtype: str = "fp32",
+    attn_impl: str | None = None,
+    zero3_config: Mapping[str, Any] | None = None,
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` with roll_ds's dtype / attention names.
+
+    With a stage-3 ``zero3_config`` the model is constructed partitioned (see
+    ``zero3_construction``); every rank of the data-parallel group must call this together.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from strategies._common import torch_dtype
+
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "trust_remote_code": trust_remote_code}
+    impl = attn_implementation(attn_impl)
+    if impl is not None:
+        kwargs["attn_implementation"] = impl
+    with zero3_construction(zero3_config):
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), **kwargs)
+    return model
+
+
+def lora_target_modules(target: str) -> str | list[str]:
+    """``"all-linear"`` (every linear layer but the output head) or a comma list of names."""
+    target = target.strip()
+    if target == "all-linear":
+        return "all-linear"
+    names = [t.strip() for t in target.split(",") if t.strip()]
+    if not names:
+        raise ValueError("model_args.lora_target is empty; use 'all-linear' or 'q_proj,v_proj'")
+    return names
+
+
+def apply_lora(
+    model: PreTrainedModel,
+    *,
+    rank: int,
+    alpha: int | None = None,
+    dropout: float = 0.0,
+    target: str = "all-linear",
+) -> PeftModel:
+    """Wrap ``model`` with a peft LoRA adapter named ``default``; only adapter params train."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    if rank < 1:
+        raise ValueError(f"model_args.lora_rank must be >= 1, got {rank}")
+    config = LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=rank,
+        lora_alpha=alpha if alpha is not None else 2 * rank,
+        lora_dropout=dropout,
+        target_modules=lora_target_modules(target),
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    """Trainable and total parameter counts (ZeRO-3 aware: partitioned params count fully)."""
+    total = trainable = 0
+    for p in model.parameters():
+        n = int(getattr(p, "ds_numel", p.numel()))
+        total += n
+        trainable += n if p.requires_grad else 0
+    return {"total": total, "trainable": trainable}

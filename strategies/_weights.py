@@ -1,0 +1,145 @@
+"""Full HF-named weights out of a (ZeRO-3 partitioned, LoRA-wrapped) model: size-bounded buckets
+for weight sync, and safetensors shards for export.
+
+Every rank of the data-parallel group must iterate ``iter_weight_buckets`` to the end together:
+under ZeRO-3 each bucket is one ``GatheredParameters`` all-gather that all ranks join.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+
+import torch
+
+from roll_ds.models.lora import WeightUnit, weight_units
+
+Bucket = list[tuple[str, torch.Tensor]]
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+def _gathered(params: list[torch.nn.Parameter]):
+    import deepspeed
+
+    zero3 = [p for p in params if hasattr(p, "ds_id")]
+    return deepspeed.zero.GatheredParameters(zero3, modifier_rank=None, enabled=bool(zero3))
+
+
+def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[Bucket]:
+    """Lists of ``(hf_name, full tensor)`` of at most ``bucket_bytes`` each (a single tensor
+    larger than that gets a bucket of its own). Tensors are fresh copies: the training
+    parameters are never exposed, and LoRA layers come merged (``W + B @ A * scale``)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    pending: list[WeightUnit] = []
+    size = 0
+    for unit in weight_units(model):
+        if pending and size + unit.nbytes > bucket_bytes:
+            yield _materialise(pending)
+            pending, size = [], 0
+        pending.append(unit)
+        size += unit.nbytes
+    if pending:
+        yield _materialise(pending)
+
+
+def _materialise(units: list[WeightUnit]) -> Bucket:
+    params = list({id(p): p for u in units for p in u.params}.values())
+    with torch.no_grad(), _gathered(params):
+        return [item for u in units for item in u.produce()]
+
+
+def save_hf_weights(
+    buckets: Iterator[Bucket],
+    out_dir: str,
+    *,
+    write: bool,
+    max_shard_bytes: int = 5 * 2**30,
+) -> list[str]:
+    """Stream buckets into ``model-XXXXX.safetensors`` shards (+ index when sharded).
+
+    Ranks with ``write=False`` still consume the iterator (they take part in the gathers). A
+    tensor yielded twice under two names (a tied output embedding) is written once, as
+    transformers does; loaders re-tie it from ``tie_word_embeddings``.
+    """
+    from safetensors.torch import save_file
+
+    current: dict[str, torch.Tensor] = {}
+    current_bytes = 0
+    files: list[str] = []
+    weight_map: dict[str, str] = {}
+
+    def flush() -> None:
+        nonlocal current, current_bytes
+        if current:
+            path = os.path.join(out_dir, f"model-{len(files) + 1:05d}.safetensors")
+            save_file(current, path, metadata={"format": "pt"})
+            files.append(path)
+            current, current_bytes = {}, 0
+
+    for bucket in buckets:
+        if not write:
+            continue
+        seen: set[int] = set()  # aliases arrive in the same bucket, alive while it is
+        for name, tensor in bucket:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            nbytes = tensor.numel() * tensor.element_size()
+            if current and current_bytes + nbytes > max_shard_bytes:
+                flush()
+            current[name] = tensor.detach().to("cpu").contiguous()
+            current_bytes += nbytes
+            weight_map[name] = f"model-{len(files) + 1:05d}.safetensors"
+    if not write:
+        return []
+    flush()
+    return _finish_shards(out_dir, files, weight_map)
+
+
+def _finish_shards(out_dir: str, files: list[str], weight_map: dict[str, str]) -> list[str]:
+    if len(files) == 1:
+        single = os.path.join(out_dir, "model.safetensors")
+        os.replace(files[0], single)
+        return [single]
+    renamed = []
+    n = len(files)
+    for i, path in enumerate(files, start=1):
+        target = os.path.join(out_dir, f"model-{i:05d}-of-{n:05d}.safetensors")
+        os.replace(path, target)
+        renamed.append(target)
+    index = {
+        "metadata": {"total_size": sum(os.path.getsize(p) for p in renamed)},
+        "weight_map": {
+            k: v.replace(".safetensors", f"-of-{n:05d}.safetensors") for k, v in weight_map.items()
+        },
+    }
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2, sort_keys=True)
+    return renamed
+
+
+def copy_tokenizer_files(src_dir: str, out_dir: str) -> list[str]:
+    """Copy tokenizer (and generation config) files a model directory ships, if any."""
+    copied = []
+    if not os.path.isdir(src_dir):
+        return copied
+    for name in TOKENIZER_FILES:
+        src = os.path.join(src_dir, name)
+        if os.path.isfile(src):
+            shutil.copy2(src, os.path.join(out_dir, name))
+            copied.append(name)
+    return copied

@@ -1,0 +1,127 @@
+"""``deepspeed_infer``: reference-model log-probs from a ZeRO-3 sharded model (no optimizer).
+
+Each rank keeps ``1/N`` of the parameters and gathers layers during the forward, so a reference
+model that does not fit one device still scores batches. The role's ``strategy_config`` is the
+usual preset (``${deepspeed_zero3}``); its training-only entries are filled for a micro batch of
+``infer_batch_size``. A config below stage 3 gives a plain replica on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config, zero_stage
+from roll_ds.config.schema import ModelArgs, WorkerConfig
+from roll_ds.models.loading import load_causal_lm, resolve_model_path
+from roll_ds.platform import current_platform
+from strategies import _common
+from strategies.base import StrategyContext
+from strategies.deepspeed_train import _batched_logprobs, _plain, _release_zero3_params
+
+
+class DeepSpeedInferStrategy:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        strategy_config: Mapping[str, Any],
+        model_args: ModelArgs | None = None,
+        infer_batch_size: int = 8,
+        seed: int = 42,
+    ) -> None:
+        self.model_path = model_path
+        self.strategy_config = _plain(strategy_config)
+        self.model_args = model_args or ModelArgs()
+        self.infer_batch_size = infer_batch_size
+        self.seed = seed
+        self.engine: Any = None
+
+    @classmethod
+    def from_worker_config(
+        cls, worker: WorkerConfig, ctx: StrategyContext
+    ) -> DeepSpeedInferStrategy:
+        return cls(
+            model_path=worker.model_args.model_name_or_path or ctx.pretrain,
+            strategy_config=worker.strategy_args.strategy_config,
+            model_args=worker.model_args,
+            infer_batch_size=worker.infer_batch_size,
+            seed=ctx.seed,
+        )
+
+    def initialize(self) -> None:
+        import deepspeed
+        from transformers import AutoConfig
+
+        self.rank, self.world_size = _common.init_distributed()
+        self.device = _common.device()
+        torch.manual_seed(self.seed)
+        self.model_path = resolve_model_path(self.model_path)
+        hidden = getattr(AutoConfig.from_pretrained(self.model_path), "hidden_size", None)
+        dtype = self.model_args.dtype
+        if dtype == "fp16" and not current_platform().is_cuda:
+            raise ValueError("fp16 needs a CUDA device; set model_args.dtype: bf16 or fp32")
+        self.ds_config = build_deepspeed_config(
+            self.strategy_config,
+            DeepSpeedInputs(
+                micro_batch_size=self.infer_batch_size,
+                gradient_accumulation_steps=1,
+                dp_size=self.world_size,
+                max_grad_norm=1.0,
+                dtype=dtype,
+                hidden_size=hidden,
+            ),
+        )
+        # No optimizer: optimizer offload is meaningless, parameter offload still applies.
+        zero = self.ds_config.get("zero_optimization") or {}
+        zero.pop("offload_optimizer", None)
+        model = load_causal_lm(
+            self.model_path,
+            dtype=dtype,
+            attn_impl=self.model_args.attn_implementation,
+            zero3_config=self.ds_config,
+        )
+        self.engine, *_ = deepspeed.initialize(
+            model=model, config=self.ds_config, dist_init_required=False
+        )
+        self.engine.eval()
+
+    @property
+    def zero_stage(self) -> int:
+        return zero_stage(self.ds_config)
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        *,
+        with_entropy: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``); all ranks call it together."""
+        try:
+            return _batched_logprobs(
+                self.engine,
+                input_ids_BT,
+                attention_mask_BT,
+                batch_size=self.infer_batch_size,
+                with_entropy=with_entropy,
+                device=self.device,
+                lockstep=self.zero_stage == 3 and self.world_size > 1,
+            )
+        finally:
+            _release_zero3_params(self.engine)
+
+    def offload_states(self) -> None:
+        """Nothing to move: ZeRO-3 inference keeps only its parameter shard (use the preset's
+        ``offload_param`` to keep it in host memory)."""
+
+    def reload_states(self) -> None:
+        """See ``offload_states``."""
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None

@@ -1,0 +1,570 @@
+"""``deepspeed_train``: a DeepSpeed ZeRO (0-3) engine training an HF causal LM, optionally LoRA.
+
+Built from the role's composed ``strategy_config`` (a DeepSpeed JSON whose ``"auto"`` values
+``roll_ds.config.deepspeed.build_deepspeed_config`` fills from the training args). The optimizer
+is AdamW: DeepSpeed's own when the config has an ``optimizer`` section; otherwise FusedAdam on
+GPUs, DeepSpeedCPUAdam when optimizer states are offloaded, and ``torch.optim.AdamW`` for
+on-device states on CPU (nothing to JIT-compile). The LR schedule is linear warmup then
+constant / linear / cosine decay over ``max_steps`` optimizer steps.
+
+Every public method is collective: all ranks of the data-parallel group call it together, with
+the same number of micro batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from roll_ds.config.deepspeed import (
+    DeepSpeedInputs,
+    build_deepspeed_config,
+    offload_devices,
+    zero_stage,
+)
+from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
+from roll_ds.models.loading import apply_lora, load_causal_lm, resolve_model_path
+from roll_ds.models.lora import hf_model_of
+from roll_ds.platform import current_platform
+from strategies import _common
+from strategies._weights import copy_tokenizer_files, iter_weight_buckets, save_hf_weights
+from strategies.base import StrategyContext
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, float]]]
+"""``loss_fn(logprobs_BT, micro_batch, entropy_BT) -> (loss, metrics)``; ``entropy_BT`` is None
+unless ``train_step(with_entropy=True)``. The loss is that of one micro batch: DeepSpeed divides
+it by ``gradient_accumulation_steps`` and averages gradients over data-parallel ranks."""
+
+
+class DeepSpeedTrainStrategy:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        strategy_config: Mapping[str, Any],
+        model_args: ModelArgs | None = None,
+        training_args: TrainingArgs | None = None,
+        seed: int = 42,
+        max_steps: int = 1,
+        infer_batch_size: int = 8,
+    ) -> None:
+        self.model_path = model_path
+        self.strategy_config = _plain(strategy_config)
+        self.model_args = model_args or ModelArgs()
+        self.training_args = training_args or TrainingArgs()
+        self.seed = seed
+        self.max_steps = max_steps
+        self.infer_batch_size = infer_batch_size
+        self.engine: Any = None
+        self.ds_config: dict[str, Any] = {}
+        self._offloaded = False
+
+    @classmethod
+    def from_worker_config(
+        cls, worker: WorkerConfig, ctx: StrategyContext
+    ) -> DeepSpeedTrainStrategy:
+        return cls(
+            model_path=worker.model_args.model_name_or_path or ctx.pretrain,
+            strategy_config=worker.strategy_args.strategy_config,
+            model_args=worker.model_args,
+            training_args=worker.training_args,
+            seed=ctx.seed,
+            max_steps=ctx.max_steps,
+            infer_batch_size=worker.infer_batch_size,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # setup
+
+    @property
+    def is_lora(self) -> bool:
+        return self.model_args.lora_rank is not None
+
+    @property
+    def zero_stage(self) -> int:
+        return zero_stage(self.ds_config)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The wrapped model (a peft model under LoRA)."""
+        return self.engine.module
+
+    def initialize(self) -> None:
+        self.rank, self.world_size = _common.init_distributed()
+        self.device = _common.device()
+        _seed_everything(self.seed)
+        self.model_path = resolve_model_path(self.model_path)
+        self.ds_config = self._build_ds_config()
+
+        args = self.model_args
+        model = load_causal_lm(
+            self.model_path,
+            dtype=args.dtype,
+            attn_impl=args.attn_implementation,
+            zero3_config=self.ds_config,
+        )
+        if not args.disable_gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        if self.is_lora:
+            model = apply_lora(
+                model,
+                rank=args.lora_rank,
+                alpha=args.lora_alpha,
+                dropout=args.lora_dropout,
+                target=args.lora_target,
+            )
+        self._build_engine(model)
+
+    def _build_ds_config(self) -> dict[str, Any]:
+        from transformers import AutoConfig
+
+        targs = self.training_args
+        hf_config = AutoConfig.from_pretrained(self.model_path)
+        source = dict(self.strategy_config)
+        if "optimizer" in source:  # DeepSpeed builds it; its "auto" params come from training_args
+            source["optimizer"] = _fill_optimizer_auto(source["optimizer"], targs)
+        cfg = build_deepspeed_config(
+            source,
+            DeepSpeedInputs(
+                micro_batch_size=targs.per_device_train_batch_size,
+                gradient_accumulation_steps=targs.gradient_accumulation_steps,
+                dp_size=self.world_size,
+                max_grad_norm=targs.max_grad_norm,
+                dtype=self.model_args.dtype,
+                hidden_size=getattr(hf_config, "hidden_size", None),
+            ),
+        )
+        if (cfg.get("fp16") or {}).get("enabled") and not current_platform().is_cuda:
+            raise ValueError(
+                "fp16 training needs a CUDA device (DeepSpeed's CPU accelerator has no fp16); "
+                "set model_args.dtype: bf16 or fp32"
+            )
+        cfg.setdefault("zero_allow_untested_optimizer", True)
+        cfg.setdefault("steps_per_print", 10**9)
+        return cfg
+
+    def _build_engine(self, model: torch.nn.Module) -> None:
+        import deepspeed
+
+        targs = self.training_args
+        params = [p for p in model.parameters() if p.requires_grad]
+        scheduler = _scheduler_factory(
+            warmup_steps=targs.warmup_steps,
+            total_steps=self.max_steps,
+            kind=targs.lr_scheduler_type,
+        )
+        if "optimizer" in self.ds_config:
+            optimizer = None
+            model_parameters = _param_groups(params, targs.weight_decay)
+        else:
+            optimizer = self._build_optimizer(params)
+            model_parameters = None
+        self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            model_parameters=model_parameters,
+            lr_scheduler=scheduler,
+            config=self.ds_config,
+            dist_init_required=False,
+        )
+
+    def _build_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        targs = self.training_args
+        groups = _param_groups(params, targs.weight_decay)
+        kwargs = dict(
+            lr=targs.learning_rate,
+            betas=(targs.adam_beta1, targs.adam_beta2),
+            eps=targs.adam_epsilon,
+            weight_decay=targs.weight_decay,
+        )
+        offloaded = "offload_optimizer" in offload_devices(self.ds_config)
+        if offloaded:
+            try:
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+                return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+            except Exception as exc:  # the JIT build can fail (no compiler)
+                logger.warning("DeepSpeedCPUAdam unavailable (%s); using torch AdamW", exc)
+                self.ds_config["zero_force_ds_cpu_optimizer"] = False
+                return torch.optim.AdamW(groups, **kwargs)
+        if current_platform().is_cuda:
+            try:
+                from deepspeed.ops.adam import FusedAdam
+
+                return FusedAdam(groups, adam_w_mode=True, **kwargs)
+            except Exception as exc:
+                logger.warning("FusedAdam unavailable (%s); using torch AdamW(fused)", exc)
+                return torch.optim.AdamW(groups, fused=True, **kwargs)
+        return torch.optim.AdamW(groups, **kwargs)
+
+    # -----------------------------------------------------------------------------------------
+    # training
+
+    def train_step(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        loss_fn: LossFn,
+        *,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """Run ``batch`` (this rank's share) as micro batches of ``per_device_train_batch_size``;
+        DeepSpeed steps the optimizer every ``gradient_accumulation_steps`` micro batches, so a
+        batch of ``k * micro * accumulation`` rows makes ``k`` optimizer steps."""
+        micro = self.training_args.per_device_train_batch_size
+        accum = self.training_args.gradient_accumulation_steps
+        size = _common.batch_size_of(batch)
+        if size % (micro * accum):
+            raise ValueError(
+                f"train_step: batch of {size} rows is not a multiple of "
+                f"per_device_train_batch_size x gradient_accumulation_steps = {micro} x {accum}"
+            )
+        self.engine.train()
+        sums: dict[str, float] = {}
+        steps = 0
+        grad_norms: list[float] = []
+        lrs: list[float] = []
+        chunks = _common.split_batch(batch, micro)
+        for mb in chunks:
+            mb = _common.to_device(mb, self.device)
+            out = _common.forward_logprobs(
+                self.engine, mb["input_ids"], mb["attention_mask"], with_entropy=with_entropy
+            )
+            loss, metrics = loss_fn(out["logprobs_BT"], mb, out.get("entropy_BT"))
+            boundary = self.engine.is_gradient_accumulation_boundary()
+            if boundary:
+                lrs.append(self.lr_scheduler.get_last_lr()[0])
+            self.engine.backward(loss)
+            self.engine.step()
+            _accumulate(sums, {"loss": loss.detach().float().item(), **metrics})
+            if boundary:
+                steps += 1
+                norm = self.engine.get_global_grad_norm()
+                if norm is not None:
+                    grad_norms.append(float(norm))
+        result = {k: v / len(chunks) for k, v in sums.items()}
+        result["optimizer_steps"] = float(steps)
+        result["lr"] = lrs[-1]
+        if grad_norms:
+            result["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        return result
+
+    @property
+    def global_step(self) -> int:
+        return int(self.engine.global_steps)
+
+    # -----------------------------------------------------------------------------------------
+    # inference
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        *,
+        with_entropy: bool = False,
+        disable_adapter: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs (``[B, T-1]``) of the current policy; ``disable_adapter=True`` gives the
+        LoRA base model's (the reference policy under LoRA) from the same engine."""
+        if disable_adapter and not self.is_lora:
+            raise ValueError("disable_adapter=True needs a LoRA model (model_args.lora_rank)")
+        was_training = self.engine.training
+        self.engine.eval()
+        try:
+            ctx = self.module.disable_adapter() if disable_adapter else contextlib.nullcontext()
+            with ctx:
+                return _batched_logprobs(
+                    self.engine,
+                    input_ids_BT,
+                    attention_mask_BT,
+                    batch_size=self.infer_batch_size,
+                    with_entropy=with_entropy,
+                    device=self.device,
+                    lockstep=self.zero_stage == 3 and self.world_size > 1,
+                )
+        finally:
+            self.engine.train(was_training)
+            _release_zero3_params(self.engine)
+
+    # -----------------------------------------------------------------------------------------
+    # weights out
+
+    def named_weights_for_sync(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full weights under HF names in buckets of at most ``bucket_bytes`` (every rank gets
+        every bucket); LoRA merged, a tied embedding also as ``lm_head.weight``."""
+        _release_zero3_params(self.engine)
+        return iter_weight_buckets(self.module, bucket_bytes)
+
+    def export_hf(
+        self,
+        path: str,
+        *,
+        merged: bool = True,
+        max_shard_bytes: int = 5 * 2**30,
+    ) -> dict[str, str]:
+        """Write an HF model directory plain transformers (and vLLM) load: config, safetensors
+        (ZeRO-3 gathered), tokenizer files of the source model. Under LoRA also ``path/adapter``
+        (a peft adapter over the base model); ``merged=False`` then skips the full weights."""
+        written: dict[str, str] = {}
+        is_writer = self.rank == 0
+        if is_writer:
+            os.makedirs(path, exist_ok=True)
+        if self.is_lora:
+            adapter_dir = os.path.join(path, "adapter")
+            self._export_adapter(adapter_dir, is_writer)
+            written["adapter"] = adapter_dir
+        if merged or not self.is_lora:
+            _release_zero3_params(self.engine)
+            buckets = iter_weight_buckets(self.module, bucket_bytes=256 * 2**20)
+            save_hf_weights(buckets, path, write=is_writer, max_shard_bytes=max_shard_bytes)
+            if is_writer:
+                hf = hf_model_of(self.module)
+                hf.config.save_pretrained(path)
+                copy_tokenizer_files(self.model_path, path)
+            written["model"] = path
+        _barrier()
+        return written
+
+    def _export_adapter(self, adapter_dir: str, is_writer: bool) -> None:
+        import deepspeed
+
+        _release_zero3_params(self.engine)
+        lora = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        zero3 = [p for _, p in lora if hasattr(p, "ds_id")]
+        with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None, enabled=bool(zero3)):
+            state = {n: p.detach().to("cpu").clone() for n, p in lora}
+        if is_writer:
+            self.module.save_pretrained(adapter_dir, state_dict=state, safe_serialization=True)
+
+    # -----------------------------------------------------------------------------------------
+    # checkpoints
+
+    def save_checkpoint(self, path: str, tag: str) -> None:
+        """DeepSpeed engine state (module, optimizer, LR scheduler) plus every rank's RNG states:
+        loading it into a fresh strategy continues the run exactly."""
+        self.engine.save_checkpoint(
+            path,
+            tag=tag,
+            client_state={"roll_ds_global_step": self.global_step},
+            exclude_frozen_parameters=self.is_lora,
+        )
+        rng_path = os.path.join(path, tag, f"rng_state_rank{self.rank}.pt")
+        torch.save(_rng_state(), rng_path)
+        _barrier()
+
+    def load_checkpoint(self, path: str, tag: str) -> None:
+        load_path, _ = self.engine.load_checkpoint(
+            path,
+            tag=tag,
+            load_module_strict=not self.is_lora,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if load_path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
+        rng_path = os.path.join(path, tag, f"rng_state_rank{self.rank}.pt")
+        if os.path.isfile(rng_path):
+            _set_rng_state(torch.load(rng_path, weights_only=False))
+        else:
+            logger.warning("%s missing: RNG states not restored", rng_path)
+
+    # -----------------------------------------------------------------------------------------
+    # colocation
+
+    def offload_states(self) -> None:
+        """Move optimizer states, fp32 master weights, gradients and (ZeRO-3) parameter shards to
+        host memory for colocation: DeepSpeed's ``engine.offload_states`` (ZeRO 1-3 without
+        ZeRO-Offload). On CPU the states already live in host memory: a no-op. Idempotent."""
+        if self._offloaded:
+            return
+        if self._can_offload():
+            self.engine.offload_states()
+        self._offloaded = True
+
+    def reload_states(self) -> None:
+        """Undo ``offload_states`` (a no-op when nothing was moved)."""
+        if not self._offloaded:
+            return
+        if self._can_offload():
+            self.engine.reload_states()
+        self._offloaded = False
+
+    def _can_offload(self) -> bool:
+        if not current_platform().is_cuda:
+            return False
+        if self.zero_stage == 0 or offload_devices(self.ds_config):
+            if not getattr(self, "_warned_offload", False):
+                logger.warning(
+                    "offload_states: nothing moved (DeepSpeed moves states for ZeRO 1-3 without "
+                    "CPU offload; this engine has stage %d, offload %s)",
+                    self.zero_stage,
+                    offload_devices(self.ds_config) or "none",
+                )
+                self._warned_offload = True
+            return False
+        return True
+
+    def close(self) -> None:
+        """Release the engine (lets one process build several strategies, as tests do)."""
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+            self.optimizer = None
+            self.lr_scheduler = None
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers shared with deepspeed_infer
+
+
+def _batched_logprobs(
+    model: Any,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    *,
+    batch_size: int,
+    with_entropy: bool,
+    device: torch.device,
+    lockstep: bool,
+) -> dict[str, torch.Tensor]:
+    """Forward in chunks of ``batch_size``; with ``lockstep`` (ZeRO-3 over several ranks) every
+    rank runs as many forwards as the busiest one, since each forward all-gathers parameters."""
+    n = input_ids_BT.shape[0]
+    spans = list(_common.iter_chunks(n, batch_size))
+    rounds = len(spans)
+    if lockstep:
+        count = torch.tensor([rounds], device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        rounds = int(count.item())
+    parts: dict[str, list[torch.Tensor]] = {}
+    for i in range(rounds):
+        start, stop = spans[i] if i < len(spans) else spans[-1] if spans else (0, 0)
+        if stop == start:  # this rank has no rows at all: a 1-row dummy keeps the gathers paired
+            ids = torch.zeros((1, max(2, input_ids_BT.shape[1])), dtype=torch.long)
+            mask = torch.ones_like(ids)
+        else:
+            ids, mask = input_ids_BT[start:stop], attention_mask_BT[start:stop]
+        out = _common.forward_logprobs(
+            model, ids.to(device), mask.to(device), with_entropy=with_entropy
+        )
+        if i < len(spans):
+            for k, v in out.items():
+                parts.setdefault(k, []).append(v.float().cpu())
+    if not parts:
+        empty = torch.zeros((0, max(0, input_ids_BT.shape[1] - 1)))
+        return {"logprobs_BT": empty, **({"entropy_BT": empty.clone()} if with_entropy else {})}
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+def _release_zero3_params(engine: Any) -> None:
+    """Wait for ZeRO-3 prefetches still in flight and re-partition every parameter. Forwards
+    whose module order differs from the recorded trace (inference after training, the padding
+    forwards of ``_batched_logprobs``) can leave prefetched parameters in flight, which a
+    following ``GatheredParameters`` refuses ("Cannot partition a param in flight")."""
+    if engine.zero_optimization_stage() == 3:
+        engine.empty_partition_cache()
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """An OmegaConf node or mapping as a plain dict (DeepSpeed wants JSON-like values)."""
+    if config is None:
+        raise ValueError("strategy_args.strategy_config is null; use e.g. ${deepspeed_zero3}")
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            return OmegaConf.to_container(config, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    import copy
+
+    return copy.deepcopy(dict(config))
+
+
+def _param_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on biases and norm scales); empty groups dropped."""
+    decay, no_decay = [], []
+    for p in params:
+        ndim = len(getattr(p, "ds_shape", p.shape))  # a ZeRO-3 param's local view is flat
+        (decay if ndim >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def _fill_optimizer_auto(section: Mapping[str, Any], targs: TrainingArgs) -> dict[str, Any]:
+    section = {**section, "params": dict(section.get("params") or {})}
+    params = section["params"]
+    values = {
+        "lr": targs.learning_rate,
+        "betas": [targs.adam_beta1, targs.adam_beta2],
+        "eps": targs.adam_epsilon,
+        "weight_decay": targs.weight_decay,
+    }
+    for key, value in values.items():
+        if params.get(key, "auto") == "auto":
+            params[key] = value
+    return section
+
+
+def _scheduler_factory(*, warmup_steps: int, total_steps: int, kind: str):
+    def build(optimizer: torch.optim.Optimizer):
+        return _common.build_lr_scheduler(
+            optimizer, warmup_steps=warmup_steps, total_steps=total_steps, kind=kind
+        )
+
+    if kind not in _common.SCHEDULES:  # fail at construction, not inside deepspeed.initialize
+        raise ValueError(
+            f"unknown lr_scheduler_type {kind!r}; valid: {', '.join(_common.SCHEDULES)}"
+        )
+    return build
+
+
+def _accumulate(sums: dict[str, float], metrics: Mapping[str, Any]) -> None:
+    for k, v in metrics.items():
+        value = v.detach().float().item() if isinstance(v, torch.Tensor) else float(v)
+        sums[k] = sums.get(k, 0.0) + value
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -1,0 +1,195 @@
+"""``hf_infer``: a plain transformers model on one device, for reference log-probs (and HF
+``generate`` where a small rollout or judge model does not need vLLM)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from roll_ds.config.schema import GeneratingArgs, ModelArgs, WorkerConfig
+from roll_ds.models.loading import load_causal_lm, resolve_model_path
+from strategies import _common
+from strategies.base import StrategyContext
+
+RESULT_KEYS = (
+    "prompt_index",
+    "sample_index",
+    "response_ids",
+    "logprobs",
+    "finish_reason",
+    "stop_reason",
+)
+
+
+class HfInferStrategy:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        model_args: ModelArgs | None = None,
+        generating_args: GeneratingArgs | None = None,
+        infer_batch_size: int = 8,
+        seed: int = 42,
+        max_new_tokens: int = 32,
+        stop_token_ids: Sequence[int] = (),
+    ) -> None:
+        self.model_path = model_path
+        self.model_args = model_args or ModelArgs()
+        self.generating_args = generating_args or GeneratingArgs()
+        self.infer_batch_size = infer_batch_size
+        self.seed = seed
+        self.max_new_tokens = self.generating_args.max_new_tokens or max_new_tokens
+        self.stop_token_ids = list(stop_token_ids)
+        self.model: Any = None
+        self._offloaded = False
+
+    @classmethod
+    def from_worker_config(cls, worker: WorkerConfig, ctx: StrategyContext) -> HfInferStrategy:
+        return cls(
+            model_path=worker.model_args.model_name_or_path or ctx.pretrain,
+            model_args=worker.model_args,
+            generating_args=worker.generating_args,
+            infer_batch_size=worker.infer_batch_size,
+            seed=ctx.seed,
+            max_new_tokens=ctx.response_length,
+            stop_token_ids=ctx.stop_token_ids,
+        )
+
+    def initialize(self) -> None:
+        self.device = _common.device()
+        self.model_path = resolve_model_path(self.model_path)
+        self.model = load_causal_lm(
+            self.model_path,
+            dtype=self.model_args.dtype,
+            attn_impl=self.model_args.attn_implementation,
+        ).to(self.device)
+        self.model.eval()
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        *,
+        with_entropy: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, fp32 on CPU), ``infer_batch_size``
+        rows per forward."""
+        parts: dict[str, list[torch.Tensor]] = {}
+        for start, stop in _common.iter_chunks(input_ids_BT.shape[0], self.infer_batch_size):
+            out = _common.forward_logprobs(
+                self.model,
+                input_ids_BT[start:stop].to(self.device),
+                attention_mask_BT[start:stop].to(self.device),
+                with_entropy=with_entropy,
+            )
+            for k, v in out.items():
+                parts.setdefault(k, []).append(v.float().cpu())
+        return {k: torch.cat(v) for k, v in parts.items()}
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        n: int | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> dict[str, list[Any]]:
+        """Sample ``n`` responses per prompt with HF ``generate`` (unset arguments come from
+        ``generating_args``). Same result shape as the vllm strategy: flat per-sample lists,
+        sample ``j`` of prompt ``i`` at row ``i * n + j``: ``prompt_index``, ``sample_index``,
+        ``response_ids`` (a stop token included), ``logprobs`` (the sampled tokens' log-probs
+        under the raw model distribution, before temperature / top-p, like vLLM's default),
+        ``finish_reason`` (``"stop"`` or ``"length"``), ``stop_reason`` (None)."""
+        g = self.generating_args
+        n = n if n is not None else g.num_return_sequences
+        temperature = g.temperature if temperature is None else temperature
+        top_p = g.top_p if top_p is None else top_p
+        top_k = g.top_k if top_k is None else top_k
+        seed = g.seed if seed is None else seed
+        max_new = max_new_tokens or self.max_new_tokens
+        cfg = self.model.generation_config
+        stops = set(_as_list(cfg.eos_token_id)) | set(stop_token_ids or self.stop_token_ids)
+        pad_id = _first(cfg.pad_token_id, cfg.eos_token_id, 0)
+        ids_BT, mask_BT = _left_pad(prompts, pad_id)
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=max_new,
+            do_sample=temperature > 0,
+            num_return_sequences=n,
+            pad_token_id=pad_id,
+            eos_token_id=sorted(stops) or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        if temperature > 0:
+            kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(
+                input_ids=ids_BT.to(self.device), attention_mask=mask_BT.to(self.device), **kwargs
+            )
+        new_BT = out.sequences[:, ids_BT.shape[1] :].cpu()
+        logits_BTV = torch.stack(out.logits, dim=1).float().cpu()
+        logprobs_BT = _common.logprobs_from_logits(logits_BTV, new_BT)
+        result: dict[str, list[Any]] = {k: [] for k in RESULT_KEYS}
+        for row, (ids, lps) in enumerate(zip(new_BT.tolist(), logprobs_BT.tolist(), strict=True)):
+            stop_at = next((t for t, tok in enumerate(ids) if tok in stops), None)
+            length = len(ids) if stop_at is None else stop_at + 1
+            result["prompt_index"].append(row // n)
+            result["sample_index"].append(row % n)
+            result["response_ids"].append(ids[:length])
+            result["logprobs"].append(lps[:length])
+            result["finish_reason"].append("length" if stop_at is None else "stop")
+            result["stop_reason"].append(None)
+        return result
+
+    def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the model (names it lacks are an error)."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in params:
+                    raise KeyError(f"load_weights: model has no parameter {name!r}")
+                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+
+    def offload_states(self) -> None:
+        """Move the model to host memory on GPUs; a no-op on CPU."""
+        if not self._offloaded and self.device.type != "cpu":
+            self.model.to("cpu")
+        self._offloaded = True
+
+    def reload_states(self) -> None:
+        if self._offloaded and self.device.type != "cpu":
+            self.model.to(self.device)
+        self._offloaded = False
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _first(*values: Any) -> int:
+    for v in values:
+        if v is not None:
+            return _as_list(v)[0]
+    return 0
