@@ -145,6 +145,21 @@ class AlgorithmConfig:
 
 
 @dataclass
+class WeightSyncConfig:
+    """How trained weights reach the rollout engines after every step."""
+
+    # auto: cuda_ipc for colocated GPU workers, else collective where the ranks can form a
+    # group, else object_store. Or name one: collective | object_store | cuda_ipc.
+    transport: str = "auto"
+    bucket_bytes: int = 256 * 2**20  # gathered per bucket (ZeRO-3 GatheredParameters)
+    timeout_s: float = 600.0  # a sync that takes longer fails naming the worker
+    # Parity check: after a sync, vLLM's and the trainer's log-probs on a fixed probe batch.
+    parity_check: bool = True
+    parity_probe_size: int = 4
+    parity_max_abs_diff: float | None = None  # error above this max |delta|; null: only log
+
+
+@dataclass
 class RayConfig:
     address: str | None = None  # null: $RAY_ADDRESS if set, else start a local Ray
     num_cpus: int | None = None  # local Ray only
@@ -190,6 +205,7 @@ class RLVRConfig:
     response_length: int = 64
 
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -20,7 +20,7 @@ from roll_ds.config.deepspeed import (
     check_deepspeed_config,
 )
 from roll_ds.config.device_mapping import DeviceMappingError, parse_device_mapping
-from roll_ds.config.schema import DTYPES, EMBEDDED_MODEL, RLVRConfig, WorkerConfig
+from roll_ds.config.schema import DTYPES, EMBEDDED_MODEL, RewardConfig, RLVRConfig, WorkerConfig
 from strategies.base import STRATEGIES, STRATEGY_SPECS
 
 # Roles that run on devices (GPUs, or CPU slots on CPU machines) and need a device_mapping.
@@ -184,6 +184,13 @@ def _check_role(
                         "sit on one node"
                     )
                     break
+
+    if isinstance(role, RewardConfig):
+        from roll_ds.rewards.registry import validate_reward_specs
+
+        problems += [f"{name}.{p}" for p in validate_reward_specs(list(role.reward_fns))]
+        if not role.tag_included:
+            problems.append(f"{name}.tag_included: list the data domains this role scores")
 
     dtype = role.model_args.dtype
     if dtype not in DTYPES:

@@ -111,6 +111,12 @@ def test_full_finetune_with_kl_needs_reference():
     assert msg.startswith("reference: algorithm.kl_coef > 0 needs reference log-probs")
 
 
+def test_unknown_reward_function_is_named():
+    msg = only("rewards.math.reward_fns=[{name: math_rul}]")
+    assert msg.startswith("rewards.math.reward_fns[0]: unknown reward function 'math_rul'")
+    assert "math_rule" in msg
+
+
 def test_all_problems_reported_at_once():
     found = problems(
         "actor_train.strategy_args.strategy_name=nope",
