@@ -1,0 +1,8 @@
+"""Task data: jsonl loading and validation, and the synthetic verifiable tasks.
+
+Importing this package is light (no torch / transformers).
+"""
+
+from roll_ds.data.dataset import DatasetFormatError, load_jsonl_rows
+
+__all__ = ["DatasetFormatError", "load_jsonl_rows"]

@@ -1,0 +1,149 @@
+"""Task rows from jsonl files: loading, validation, and a greedy-accuracy check.
+
+A row is ``{"id": str, "domain": str, "prompt": str, "ground_truth": str}``; ``prompt`` and
+``ground_truth`` are required, ``domain`` falls back to the configured default and ``id`` to
+``<file stem>-<line>``. Other keys are kept. Validation collects every problem in the file and
+raises one ``DatasetFormatError`` naming the file and line of each.
+
+Importing this module does not import torch; only ``greedy_accuracy`` needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+REQUIRED_FIELDS = ("prompt", "ground_truth")
+STRING_FIELDS = ("id", "domain", "prompt", "ground_truth")
+MAX_LISTED_PROBLEMS = 20
+
+
+class DatasetFormatError(ValueError):
+    """A task file has malformed rows; the message lists them (file:line: problem)."""
+
+
+def _row_problems(obj: Any) -> list[str]:
+    if not isinstance(obj, dict):
+        return [f"expected a JSON object, got {type(obj).__name__}"]
+    problems = [f"missing field {name!r}" for name in REQUIRED_FIELDS if name not in obj]
+    for name in STRING_FIELDS:
+        if name in obj and not isinstance(obj[name], str):
+            problems.append(
+                f"field {name!r} must be a string, got {type(obj[name]).__name__} "
+                f"{json.dumps(obj[name])[:40]}"
+            )
+    if isinstance(obj.get("prompt"), str) and not obj["prompt"].strip():
+        problems.append("field 'prompt' is empty")
+    return problems
+
+
+def _raise_if_problems(problems: list[str], path: str) -> None:
+    if not problems:
+        return
+    listed = problems[:MAX_LISTED_PROBLEMS]
+    more = len(problems) - len(listed)
+    tail = f"\n  ... and {more} more" if more else ""
+    raise DatasetFormatError(
+        f"{path}: {len(problems)} problem(s) in task rows:\n  " + "\n  ".join(listed) + tail
+    )
+
+
+def load_jsonl_rows(path: str | os.PathLike, default_domain: str = "math") -> list[dict]:
+    """Rows of a jsonl task file, validated; blank lines are skipped.
+
+    Raises ``FileNotFoundError`` for a missing file and ``DatasetFormatError`` listing every
+    malformed line (first ``MAX_LISTED_PROBLEMS`` shown, then a count).
+    """
+    path = os.fspath(path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    rows: list[dict] = []
+    problems: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                problems.append(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})")
+                continue
+            row_problems = _row_problems(obj)
+            problems.extend(f"{path}:{lineno}: {p}" for p in row_problems)
+            if not row_problems:
+                rows.append({"id": f"{stem}-{lineno}", "domain": default_domain, **obj})
+    _raise_if_problems(problems, path)
+    if not rows:
+        raise DatasetFormatError(f"{path}: no task rows (the file is empty)")
+    return rows
+
+
+def answers_match(response: str, ground_truth: str, domain: str) -> bool:
+    """A deliberately simple check: exact match after stripping, numeric for ``math``.
+
+    The reward workers use math-verify; this is for warm-up calibration and tests.
+    """
+    response, ground_truth = response.strip(), ground_truth.strip()
+    if response == ground_truth:
+        return True
+    if domain == "math":
+        try:
+            return float(response) == float(ground_truth)
+        except ValueError:
+            return False
+    return False
+
+
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Iterable[dict],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Greedy accuracy of ``model`` on ``rows``: ``{"overall": a, "<domain>": a, ...}``.
+
+    Prompts are batched by token length, so no batch needs padding and the result is the same
+    as one-by-one decoding (and as vLLM's greedy decoding of the same weights).
+    """
+    import torch
+
+    by_length: dict[int, list[tuple[dict, list[int]]]] = defaultdict(list)
+    for row in rows:
+        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        by_length[len(ids)].append((row, ids))
+    correct: dict[str, list[bool]] = defaultdict(list)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for length in sorted(by_length):
+                items = by_length[length]
+                for start in range(0, len(items), batch_size):
+                    chunk = items[start : start + batch_size]
+                    input_ids = torch.tensor([ids for _, ids in chunk], dtype=torch.long)
+                    out = model.generate(
+                        input_ids=input_ids,
+                        attention_mask=torch.ones_like(input_ids),
+                        max_new_tokens=max_new_tokens,
+                        do_sample=False,
+                        eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id,
+                    )
+                    texts = tokenizer.batch_decode(out[:, length:], skip_special_tokens=True)
+                    for (row, _), text in zip(chunk, texts, strict=True):
+                        correct[row["domain"]].append(
+                            answers_match(text, row["ground_truth"], row["domain"])
+                        )
+    finally:
+        model.train(was_training)
+    result = {d: sum(v) / len(v) for d, v in sorted(correct.items())}
+    everything = [c for v in correct.values() for c in v]
+    result["overall"] = sum(everything) / max(len(everything), 1)
+    return result

@@ -1,0 +1,202 @@
+"""The embedded tiny Qwen2: tokenizer, config invariants, deterministic builds, resolve_pretrain."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from roll_ds.data.synthetic import TaskSpec
+from roll_ds.models import embedded
+from roll_ds.models.embedded import EMBEDDED_MODEL, RECIPE_FILE, WarmupRecipe, resolve_pretrain
+from roll_ds.models.tiny import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    TinyQwen2Spec,
+    build_tokenizer,
+    init_model,
+    save_tokenizer,
+)
+
+TEXTS = ["12+34=", "reverse abc=cba", "  two  spaces\nand\ttabs ", "héllo ∑ 😀", "don't"]
+# A cheap recipe: a couple of warm-up steps on a few rows.
+TINY = WarmupRecipe(
+    data=TaskSpec(n_train=32, n_eval=8), n_dev=8, max_steps=2, batch_size=4, warmup_steps=1
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def test_tokenizer_is_character_level_for_ascii(tokenizer):
+    text = "12+34=-7 reverse xyz"
+    assert tokenizer(text)["input_ids"] == [ord(c) for c in text]
+    for text in TEXTS:
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids) == text
+
+
+def test_special_tokens(tokenizer):
+    assert tokenizer.pad_token == PAD_TOKEN and tokenizer.eos_token == EOS_TOKEN
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert len({tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}) == 3
+    assert len(tokenizer) % 8 == 0
+    ids = tokenizer("ab")["input_ids"] + [tokenizer.eos_token_id]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "ab"
+    # Nothing is added implicitly (like Qwen2): HF and vLLM see the same prompt ids.
+    assert tokenizer("ab")["input_ids"] == [97, 98]
+    # Every id decodes, reserved padding ids included.
+    assert tokenizer.decode(list(range(len(tokenizer))), skip_special_tokens=True)
+
+
+def test_tokenizer_round_trips_through_a_model_directory(tokenizer, tmp_path):
+    # With config.json (model_type qwen2) present, transformers' AutoTokenizer picks its
+    # Qwen2 tokenizer class: it must reproduce exactly the same ids.
+    init_model(tokenizer, TinyQwen2Spec(), seed=0).config.save_pretrained(tmp_path)
+    save_tokenizer(tokenizer, str(tmp_path))
+    for loaded in (
+        AutoTokenizer.from_pretrained(tmp_path),
+        PreTrainedTokenizerFast.from_pretrained(tmp_path),
+    ):
+        assert len(loaded) == len(tokenizer)
+        assert (loaded.pad_token_id, loaded.eos_token_id) == (
+            tokenizer.pad_token_id,
+            tokenizer.eos_token_id,
+        )
+        for text in TEXTS:
+            assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+            assert loaded.decode(tokenizer(text)["input_ids"]) == text
+
+
+def test_model_config_invariants(tokenizer):
+    model = init_model(tokenizer, TinyQwen2Spec(), seed=0)
+    config = model.config
+    assert config.model_type == "qwen2" and config.architectures == ["Qwen2ForCausalLM"]
+    assert config.hidden_size // config.num_attention_heads >= 32  # vLLM CPU attention
+    assert config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert config.vocab_size % 8 == 0 and config.vocab_size >= len(tokenizer)
+    assert config.max_position_embeddings == 256
+    assert config.eos_token_id == tokenizer.eos_token_id
+    assert config.pad_token_id == tokenizer.pad_token_id
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_spec_rejects_head_dim_below_32():
+    with pytest.raises(ValueError, match="head_dim"):
+        TinyQwen2Spec(hidden_size=128, num_attention_heads=8)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        TinyQwen2Spec(num_key_value_heads=3)
+
+
+def test_init_is_deterministic_by_seed(tokenizer):
+    a = init_model(tokenizer, TinyQwen2Spec(), seed=3).state_dict()
+    b = init_model(tokenizer, TinyQwen2Spec(), seed=3).state_dict()
+    c = init_model(tokenizer, TinyQwen2Spec(), seed=4).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+
+
+def test_build_is_deterministic(tmp_path):
+    dirs = [resolve_pretrain(EMBEDDED_MODEL, str(tmp_path / name), recipe=TINY) for name in "ab"]
+    tensors = [load_file(os.path.join(d, "model.safetensors")) for d in dirs]
+    assert tensors[0].keys() == tensors[1].keys()
+    assert all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])
+    infos = []
+    for d in dirs:
+        with open(os.path.join(d, RECIPE_FILE), encoding="utf-8") as f:
+            infos.append(json.load(f))
+        infos[-1].pop("build_seconds")
+    assert infos[0] == infos[1]
+    assert infos[0]["warmup"]["steps"] == 2
+    assert set(os.listdir(dirs[0])) >= {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        RECIPE_FILE,
+    }
+
+
+def test_resolve_pretrain_cache_layout_and_reuse(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLL_DS_CACHE", str(tmp_path))
+    path = resolve_pretrain(EMBEDDED_MODEL, recipe=TINY)
+    assert os.path.dirname(path) == str(tmp_path / "models")
+    assert os.path.basename(path) == f"tiny-qwen2-{TINY.digest()}"
+    stamp = os.stat(os.path.join(path, "model.safetensors")).st_mtime_ns
+    assert resolve_pretrain(EMBEDDED_MODEL, recipe=TINY) == path
+    assert os.stat(os.path.join(path, "model.safetensors")).st_mtime_ns == stamp
+    assert TINY.digest() != replace(TINY, max_steps=3).digest()
+    assert not [n for n in os.listdir(tmp_path / "models") if ".tmp-" in n]
+
+
+def test_a_killed_build_is_cleaned_up_and_rebuilt(tmp_path):
+    target = os.path.join(tmp_path, "models", f"tiny-qwen2-{TINY.digest()}")
+    stale = os.path.join(tmp_path, "models", f".tiny-qwen2-{TINY.digest()}.tmp-dead")
+    os.makedirs(stale)  # what a builder killed mid-build leaves behind
+    assert resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY) == target
+    assert not os.path.exists(stale)
+
+
+def test_concurrent_builders_build_once(tmp_path, monkeypatch):
+    calls = []
+    real_build = embedded.build_model_dir
+
+    def counting_build(out_dir, recipe):
+        calls.append(out_dir)
+        return real_build(out_dir, recipe)
+
+    monkeypatch.setattr(embedded, "build_model_dir", counting_build)
+    results = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(
+                resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
+            )
+        )
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(results) == 3 and len(set(results)) == 1
+
+
+def test_failed_build_leaves_no_directory(tmp_path, monkeypatch):
+    def broken_build(out_dir, recipe):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(embedded, "build_model_dir", broken_build)
+    with pytest.raises(RuntimeError, match="boom"):
+        resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
+    assert [n for n in os.listdir(tmp_path / "models") if not n.endswith(".lock")] == []
+
+
+def test_local_paths_pass_through_and_unknown_names_fail(tmp_path):
+    assert resolve_pretrain(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"pretrain='Qwen/Qwen2.5-0.5B'.*No model hub is reachable"
+    ):
+        resolve_pretrain("Qwen/Qwen2.5-0.5B")
+
+
+def test_importing_the_packages_stays_light():
+    code = (
+        "import sys, roll_ds.models, roll_ds.data, roll_ds.data.synthetic;"
+        "heavy = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
