@@ -185,6 +185,29 @@ def test_failed_build_leaves_no_directory(tmp_path, monkeypatch):
     assert [n for n in os.listdir(tmp_path / "models") if not n.endswith(".lock")] == []
 
 
+def test_warmup_learns_from_the_shipped_train_files_and_stops_on_fresh_dev_rows():
+    data_dir = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "qwen_rlvr", "data")
+    train, dev, held_out = embedded._splits(embedded.DEFAULT_RECIPE)
+    for split, rows in (("train", train), ("eval", held_out)):
+        shipped = []
+        for domain in ("math", "reverse"):
+            with open(os.path.join(data_dir, f"{domain}_{split}.jsonl"), encoding="utf-8") as f:
+                shipped += [json.loads(line) for line in f]
+        assert rows == shipped
+    assert len(dev) == 2 * embedded.DEFAULT_RECIPE.n_dev
+    assert not {r["prompt"] for r in dev} & {r["prompt"] for r in train + held_out}
+
+
+def test_domain_shares_favour_the_domain_furthest_below_the_window():
+    base = torch.tensor([0.85, 0.15], dtype=torch.float64)
+    high = embedded.DEFAULT_RECIPE.target_accuracy[1]
+    shares = embedded._domain_shares(base, [0.0, 0.0], embedded.DEFAULT_RECIPE)
+    assert torch.equal(shares, base)
+    shares = embedded._domain_shares(base, [0.1, high], embedded.DEFAULT_RECIPE)
+    assert shares[1] == base[1] * embedded.DEFAULT_RECIPE.min_weight_scale
+    assert shares[0] > 0.5 * base[0]
+
+
 def test_local_paths_pass_through_and_unknown_names_fail(tmp_path):
     assert resolve_pretrain(str(tmp_path)) == str(tmp_path)
     with pytest.raises(
