@@ -160,3 +160,44 @@ class RollDsWorkerExtension:
 
     def roll_ds_tie_word_embeddings(self) -> bool:
         return tie_word_embeddings(self)
+
+    # weight-sync group (roll_ds.weight_sync.collective / cuda_ipc): this worker is one receiver
+
+    def roll_ds_worker_rank(self) -> int:
+        """This worker's rank in its engine (tensor-parallel rank)."""
+        return int(getattr(self, "rank", 0))
+
+    def roll_ds_join_transfer_group(self, plane: str, spec: Any, rank_offset: int) -> int:
+        """Join the weight-sync group as rank ``rank_offset + own rank`` (blocks until every
+        member joins, bounded by ``spec.timeout_s``); a previous group is left first."""
+        from roll_ds.weight_sync.collective import TransferGroup, make_plane
+
+        self.roll_ds_leave_transfer_group()
+        rank = rank_offset + self.roll_ds_worker_rank()
+        group = TransferGroup(spec, rank, device=getattr(self, "device", "cpu"))
+        self._roll_ds_transfer = (group, make_plane(plane), plane)
+        return rank
+
+    def roll_ds_receive_weights(self, plane: str) -> dict[str, Any]:
+        """Receive one sync from the group and reload the whole model from it in one pass."""
+        from roll_ds.weight_sync.collective import ReceiveStream, receive_into
+
+        joined = getattr(self, "_roll_ds_transfer", None)
+        if joined is None:
+            raise RuntimeError("roll_ds_receive_weights: this worker has not joined a group")
+        group, data_plane, joined_plane = joined
+        if joined_plane != plane:
+            raise RuntimeError(
+                f"asked to receive by {plane!r}; the group was joined by {joined_plane!r}"
+            )
+        stream = ReceiveStream(group, data_plane)
+        stats = receive_into(lambda named: reload_weights_checked(self, named), stream)
+        stats.update(stream.stats())
+        return stats
+
+    def roll_ds_leave_transfer_group(self) -> None:
+        joined = getattr(self, "_roll_ds_transfer", None)
+        self._roll_ds_transfer = None
+        if joined is not None:
+            joined[1].close()
+            joined[0].close()

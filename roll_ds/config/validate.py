@@ -268,6 +268,12 @@ def _check_pipeline(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> li
             "reference: algorithm.kl_coef > 0 needs reference log-probs; configure `reference:` "
             "or use LoRA (the adapter-disabled actor is the reference)"
         )
+    from roll_ds.weight_sync import check_transport_name
+
+    try:
+        check_transport_name(cfg.weight_sync.transport)
+    except ValueError as exc:
+        problems.append(str(exc).replace("unknown weight_sync.transport", "weight_sync.transport:"))
     if not cfg.rewards:
         problems.append("rewards: no reward role; add e.g. rewards.math with reward_fns")
     return problems

@@ -117,6 +117,11 @@ def test_unknown_reward_function_is_named():
     assert "math_rule" in msg
 
 
+def test_unknown_weight_sync_transport():
+    msg = only("weight_sync.transport=nccl_p2p")
+    assert msg.startswith("weight_sync.transport: 'nccl_p2p'; valid: auto, ")
+
+
 def test_all_problems_reported_at_once():
     found = problems(
         "actor_train.strategy_args.strategy_name=nope",

@@ -1,0 +1,39 @@
+"""Weight sync: the policy's full weights from actor_train into every rollout engine.
+
+One sync = actor_train gathers HF-named weights bucket by bucket (ZeRO-3 ``GatheredParameters``,
+LoRA merged, tied head under both names), a transport moves the buckets, and each vLLM worker
+reloads the whole model from *one* iterator the buckets are chained into, then drops its prefix
+cache. Transports, chosen by ``weight_sync.transport`` (``auto`` picks from placement and device,
+see ``select.py``):
+
+    object_store  Ray's object store: rank 0 puts each bucket, receivers read them zero-copy on
+                  the same node (the cross-node fallback; works with any rollout strategy)
+    collective    a broadcast group between train rank 0 and every vLLM worker, built apart from
+                  the training world (gloo on CPU, NCCL on GPU), every op bounded by a timeout;
+                  buckets stream: rank 0 holds one bucket at a time
+    cuda_ipc      colocated GPU workers: CUDA IPC handles of one reusable buffer, a gloo group
+                  for control (GPU only)
+
+``parity.py`` checks a sync: vLLM's and the trainer's log-probs on a fixed probe batch.
+
+Light on purpose: importing this package imports neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+from roll_ds.registry import Registry
+
+TRANSPORTS: Registry[type] = Registry("weight_sync.transport")
+TRANSPORTS.register_lazy("object_store", "roll_ds.weight_sync.object_store:ObjectStoreTransport")
+TRANSPORTS.register_lazy("collective", "roll_ds.weight_sync.collective:CollectiveTransport")
+TRANSPORTS.register_lazy("cuda_ipc", "roll_ds.weight_sync.cuda_ipc:CudaIpcTransport")
+
+AUTO = "auto"
+
+
+def check_transport_name(name: str) -> None:
+    """Raise listing the valid names (``auto`` included) unless ``name`` is one of them."""
+    if name != AUTO and name not in TRANSPORTS:
+        raise ValueError(
+            f"unknown weight_sync.transport {name!r}; valid: {', '.join([AUTO, *TRANSPORTS])}"
+        )
