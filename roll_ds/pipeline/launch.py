@@ -2,23 +2,41 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from roll_ds.config.schema import RLVRConfig
+from roll_ds.data.dataset import DatasetFormatError
+
+logger = logging.getLogger("roll_ds")
 
 
-def run_pipeline(cfg: RLVRConfig) -> None:
-    # The RLVR loop (rollout, reward, advantage, train, weight sync) lands with issue #6; until
-    # then the entry point stops here, after the config has been composed and validated.
-    print(
-        f"roll_ds: config '{cfg.exp_name}' is valid (actor_train: "
-        f"{cfg.actor_train.strategy_args.strategy_name}, ZeRO stage "
-        f"{_stage(cfg)}). The RLVR pipeline is not implemented yet.",
-        file=sys.stderr,
-    )
-    sys.exit(3)
+def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        # Everything that reads user input (model path, data files, routing) fails here,
+        # before any Ray actor starts.
+        pipeline = RLVRPipeline(cfg)
+    except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
+        print(f"roll_ds: {exc}", file=sys.stderr)
+        sys.exit(2)
+    pipeline.start()
+    try:
+        rows = pipeline.run()
+    finally:
+        pipeline.shutdown()
+    _summarise(rows, pipeline.out_dir)
+    return rows
 
 
-def _stage(cfg: RLVRConfig) -> object:
-    ds = cfg.actor_train.strategy_args.strategy_config
-    return (ds or {}).get("zero_optimization", {}).get("stage", "-")
+def _summarise(rows: list[dict[str, float]], out_dir) -> None:
+    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    if evals:
+        (s0, a0), (s1, a1) = evals[0], evals[-1]
+        print(
+            f"roll_ds: eval accuracy {a0:.3f} at step {int(s0)} -> {a1:.3f} at step {int(s1)} "
+            f"({(a1 - a0) * 100:+.1f} points)"
+        )
+    print(f"roll_ds: metrics, curves.png and checkpoints under {out_dir}")

@@ -1,0 +1,137 @@
+"""Time RLVR steps of the real pipeline and break them down by phase.
+
+    python benchmarks/rlvr_step.py                      # embedded default + a ~20M-parameter model
+    python benchmarks/rlvr_step.py --models embedded --steps 6 --out /tmp/rlvr_step.json
+
+For each model the pipeline (Ray, DeepSpeed ZeRO-3 LoRA trainer ranks, vLLM, reward actors) is
+started once, a warm-up step is dropped, and the median of the remaining steps is reported for
+every phase (sync, rollout, logprobs, advantage, train) with generated tokens/s. The ~20M model
+is a randomly initialised Qwen2 built locally with the embedded tokenizer (quality is irrelevant
+to timing); its responses run to the full response length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+PHASES = ("sync", "rollout", "logprobs", "advantage", "train", "step")
+
+
+def build_medium_model(cache: Path) -> str:
+    """A ~20M-parameter Qwen2 with the embedded tokenizer, saved once under ``cache``."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from roll_ds.models.embedded import resolve_pretrain
+
+    path = cache / "qwen2-20m"
+    if (path / "config.json").is_file():
+        return str(path)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_pretrain("embedded:tiny-qwen2"))
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
+    from roll_ds.config import load_config
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+
+    cfg = load_config(
+        "rlvr_lora_zero3",
+        [
+            f"max_steps={steps}",
+            "eval_steps=0",
+            "save_steps=0",
+            "tracking.tensorboard=false",
+            f"output_dir={out_dir}",
+            f"exp_name=bench_{name}",
+            *overrides,
+        ],
+    )
+    pipeline = RLVRPipeline(cfg)
+    started = time.perf_counter()
+    pipeline.start()
+    start_s = time.perf_counter() - started
+    try:
+        rows = [pipeline.train_one_step(step) for step in range(steps)]
+    finally:
+        pipeline.shutdown()
+    timed = rows[1:] if len(rows) > 1 else rows  # the first step pays one-off warm-ups
+    samples = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+    return {
+        "model": name,
+        "start_s": start_s,
+        "steps_timed": len(timed),
+        "samples_per_step": samples,
+        "response_length": cfg.response_length,
+        "median_s": {p: statistics.median(r[f"time/{p}"] for r in timed) for p in PHASES},
+        "generated_tokens_per_step": statistics.median(
+            r["rollout/response_length"]
+            * cfg.rollout_batch_size
+            * cfg.num_return_sequences_in_group
+            for r in timed
+        ),
+        "generated_tokens_per_s": statistics.median(
+            r["throughput/generated_tokens_per_s"] for r in timed
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["embedded", "qwen2-20m"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", default="benchmarks/results/rlvr_step.json")
+    parser.add_argument("--work-dir", default="output/benchmarks")
+    args = parser.parse_args()
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+
+    setups = {
+        "embedded": [],
+        "qwen2-20m": lambda: [
+            f"pretrain={build_medium_model(work)}",
+            "response_length=48",
+            "prompt_length=32",
+            "actor_infer.strategy_args.strategy_config.max_model_len=96",
+        ],
+    }
+    results = []
+    for name in args.models:
+        setup = setups[name]
+        overrides = setup() if callable(setup) else setup
+        results.append(bench(name, overrides, args.steps, work))
+        r = results[-1]
+        phases = "  ".join(f"{p} {r['median_s'][p]:.2f}s" for p in PHASES)
+        print(
+            f"{name:10s} start {r['start_s']:.1f}s | {phases} | "
+            f"{r['generated_tokens_per_s']:.0f} generated tok/s "
+            f"({r['generated_tokens_per_step']:.0f} tok/step, {r['samples_per_step']} samples)"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

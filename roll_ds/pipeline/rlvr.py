@@ -1,0 +1,517 @@
+"""The RLVR loop. One step reads like DESIGN.md's step list:
+
+    weights -> rollout -> reward -> filter -> logprob -> advantage -> train -> log / checkpoint
+
+Everything that can fail on bad input (model path, data files, domain routing, algorithm names)
+is checked in ``__init__``, before any Ray actor starts; ``start()`` brings the roles up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll_ds.algorithms.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages
+from roll_ds.algorithms.aggregation import AGG_MODES
+from roll_ds.algorithms.kl import KL_ESTIMATORS, kl_penalty
+from roll_ds.algorithms.masks import masked_mean
+from roll_ds.algorithms.policy_loss import rollout_mismatch_metrics
+from roll_ds.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from roll_ds.config.schema import RLVRConfig
+from roll_ds.data.dataset import load_jsonl_rows
+from roll_ds.data.sampler import PromptSampler
+from roll_ds.distributed.batch import Batch
+from roll_ds.models.embedded import resolve_pretrain
+from roll_ds.pipeline.losses import PolicyLoss
+from roll_ds.pipeline.rollout import domain_metrics, domain_routes, encode_prompt, group_has_signal
+from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
+from roll_ds.tracking import Tracker, plot_curves, read_metrics
+from strategies.base import StrategyContext
+
+logger = logging.getLogger(__name__)
+# What the training workers need of a batch (the loss reads these columns).
+TRAIN_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "response_mask",
+    "old_logprobs",
+    "advantages",
+    "ref_logprobs",
+    "rollout_logprobs",
+)
+
+
+@contextmanager
+def timed(timings: dict[str, float], name: str):
+    start = time.perf_counter()
+    yield
+    timings[f"time/{name}"] = time.perf_counter() - start
+
+
+class RLVRPipeline:
+    def __init__(self, cfg: RLVRConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.out_dir = Path(cfg.output_dir) / cfg.exp_name
+        algo = cfg.algorithm
+        ADVANTAGE_ESTIMATORS.check(algo.adv_estimator)
+        KL_ESTIMATORS.check(algo.kl_estimator)
+        AGG_MODES.check(algo.loss_agg_mode)
+        self.loss_fn = PolicyLoss.from_config(algo, cfg.response_length)
+
+        # Data first: malformed rows are reported before the model is built or loaded.
+        self.train_rows = self._load_rows(cfg.actor_train.data_args)
+        self.eval_rows = self._load_rows(cfg.validation.data_args)
+        if cfg.validation.max_prompts:
+            self.eval_rows = self.eval_rows[: cfg.validation.max_prompts]
+        self.model_dir = resolve_pretrain(cfg.pretrain)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self._encode(self.train_rows, cfg.actor_train.data_args.template)
+        self._encode(self.eval_rows, cfg.validation.data_args.template)
+        domains = {r["domain"] for r in self.train_rows + self.eval_rows}
+        self.routes = domain_routes(
+            sorted(domains), {name: r.tag_included for name, r in cfg.rewards.items()}
+        )
+        self.sampler = PromptSampler(
+            self.train_rows,
+            seed=cfg.seed,
+            domain_probs=dict(cfg.actor_train.data_args.domain_interleave_probs),
+        )
+        self.checkpoints = CheckpointManager(self.out_dir / "checkpoints")
+        self.clusters: dict[str, Any] = {}
+
+    @staticmethod
+    def _load_rows(data_args: Any) -> list[dict]:
+        rows = []
+        for path in data_args.file_name:
+            rows += load_jsonl_rows(path, default_domain=data_args.default_domain)
+        return rows[: data_args.max_samples] if data_args.max_samples else rows
+
+    def _encode(self, rows: list[dict], template: str) -> None:
+        too_long = []
+        for row in rows:
+            row["prompt_ids"] = encode_prompt(self.tokenizer, row["prompt"], template)
+            if len(row["prompt_ids"]) > self.cfg.prompt_length:
+                too_long.append(row["id"])
+        if too_long:
+            raise ValueError(
+                f"{len(too_long)} prompt(s) exceed prompt_length={self.cfg.prompt_length} tokens "
+                f"(e.g. {too_long[:3]}); raise prompt_length or shorten the prompts"
+            )
+
+    # --- start-up --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from roll_ds.distributed.cluster import Cluster
+        from roll_ds.distributed.ray_init import connect_from_config
+        from roll_ds.distributed.resource_manager import ResourceManager
+        from roll_ds.pipeline.workers import (
+            ActorTrainWorker,
+            RewardWorker,
+            RolloutWorker,
+            StrategyWorker,
+        )
+
+        cfg = self.cfg
+        self.ray = connect_from_config(cfg)
+        logger.info(self.ray.summary())
+        self.resources = ResourceManager.from_config(cfg).reserve()
+        eos = self.tokenizer.eos_token_id
+        ctx = StrategyContext(
+            pretrain=self.model_dir,
+            seed=cfg.seed,
+            max_steps=cfg.max_steps,
+            response_length=cfg.response_length,
+            stop_token_ids=(eos,) if eos is not None else (),
+        )
+        roles = {"actor_train": ActorTrainWorker, "actor_infer": RolloutWorker}
+        if cfg.reference is not None:
+            roles["reference"] = StrategyWorker
+        for name, cls in roles.items():
+            role_cfg = getattr(cfg, name)
+            self.clusters[name] = Cluster(
+                name, cls, self.resources, init_args=(role_cfg, ctx), env=role_cfg.system_envs
+            )
+        for name, reward_cfg in cfg.rewards.items():
+            self.clusters[f"rewards.{name}"] = Cluster(
+                f"rewards.{name}",
+                RewardWorker,
+                self.resources,
+                init_args=(reward_cfg,),
+                env=reward_cfg.system_envs,
+            )
+        pending = [self.clusters[n].submit("initialize") for n in roles]
+        for call in pending:
+            call.get()
+
+    def shutdown(self) -> None:
+        for cluster in self.clusters.values():
+            cluster.shutdown()
+        self.clusters = {}
+
+    @property
+    def actor_train(self):
+        return self.clusters["actor_train"]
+
+    @property
+    def actor_infer(self):
+        return self.clusters["actor_infer"]
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def run(self) -> list[dict[str, float]]:
+        cfg = self.cfg
+        start_step = self._maybe_resume()
+        tracker = Tracker(
+            self.out_dir,
+            tensorboard=cfg.tracking.tensorboard,
+            jsonl=cfg.tracking.jsonl,
+            wandb_project=cfg.tracking.wandb_project,
+            run_name=cfg.exp_name,
+            config=asdict(cfg),
+            resume_step=start_step,
+        )
+        from tqdm import tqdm
+
+        bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
+        try:
+            if start_step == 0 and cfg.eval_steps:
+                self.sync_weights()
+                tracker.log(self.evaluate(), step=0)
+            for step in bar:
+                metrics = self.train_one_step(step)
+                done = step + 1
+                if cfg.eval_steps and (done % cfg.eval_steps == 0 or done == cfg.max_steps):
+                    metrics.update(self.evaluate())
+                if done % max(cfg.logging_steps, 1) == 0 or done == cfg.max_steps:
+                    tracker.log(metrics, step=done)
+                bar.set_postfix(_postfix(metrics))
+                if cfg.save_steps and done % cfg.save_steps == 0:
+                    self.save_checkpoint(done)
+        finally:
+            tracker.close()
+        rows = read_metrics(self.out_dir / "metrics.jsonl")
+        plot_curves(
+            rows,
+            ["rollout/score", "rollout/accuracy", "eval/accuracy", "actor/pg_loss"],
+            self.out_dir / "curves.png",
+        )
+        return rows
+
+    def train_one_step(self, step: int) -> dict[str, float]:
+        timings: dict[str, float] = {}
+        with timed(timings, "sync"):
+            sync_metrics = self.sync_weights()
+        with timed(timings, "rollout"):
+            batch, rollout_stats = self.rollout_and_score(step)
+        inputs = batch.select("input_ids", "attention_mask", meta=False)
+        with timed(timings, "logprobs"):
+            old = self.actor_train.compute_logprobs(inputs, key="old_logprobs")
+            batch.tensors.update(old.tensors)
+            if self.cfg.algorithm.kl_coef > 0:
+                batch.tensors.update(self.reference_logprobs(inputs).tensors)
+        with timed(timings, "advantage"):
+            metrics = self.compute_advantages(batch)
+        train_keys = [k for k in TRAIN_KEYS if k in batch]
+        with timed(timings, "train"):
+            per_rank = self.actor_train.train_step(
+                batch.select(*train_keys, meta=False), self.loss_fn
+            )
+        metrics.update(_mean_dicts(per_rank))
+        metrics.update(rollout_stats)
+        metrics.update(sync_metrics)
+        metrics.update(timings)
+        metrics["time/step"] = sum(timings.values())
+        generated = float(batch["response_mask"].sum())
+        metrics["throughput/generated_tokens_per_s"] = generated / max(
+            timings["time/rollout"], 1e-9
+        )
+        every = self.cfg.tracking.dump_rollouts_every
+        if every and step % every == 0:
+            self._dump_rollouts(step + 1, batch)
+        return metrics
+
+    def _dump_rollouts(self, step: int, batch: Batch) -> None:
+        with open(self.out_dir / "rollouts.jsonl", "a") as f:
+            for i in range(len(batch)):
+                row = {
+                    "step": step,
+                    "id": batch["id"][i],
+                    "domain": batch["domain"][i],
+                    "response": batch["response_text"][i],
+                    "score": float(batch["scores"][i]),
+                }
+                f.write(json.dumps(row) + "\n")
+
+    # --- phases ----------------------------------------------------------------------------
+
+    def sync_weights(self) -> dict[str, float]:
+        """Gather the policy's full weights from the ZeRO shards into every rollout engine (one
+        reload each, prefix cache dropped), then check parity. Returns ``sync/*`` metrics:
+        seconds, bytes, gbps, ... and ``sync/parity_max_abs_diff`` / ``_mean_abs_diff``."""
+        from roll_ds.weight_sync.select import build_transport
+
+        ws = self.cfg.weight_sync
+        if getattr(self, "weight_transport", None) is None:  # built once, on the first sync
+            self.weight_transport = build_transport(
+                ws,
+                self.actor_train,
+                self.actor_infer,
+                rollout_dtype=self.cfg.actor_infer.model_args.dtype,
+            )
+        metrics = self.weight_transport.sync(self.actor_train, self.actor_infer)
+        if ws.parity_check:
+            metrics.update(self._weight_parity())
+        return metrics
+
+    def _weight_parity(self) -> dict[str, float]:
+        """vLLM's vs the trainer's log-probs on the first ``parity_probe_size`` train prompts."""
+        from roll_ds.weight_sync.parity import check_parity, probe_batch
+
+        ws = self.cfg.weight_sync
+        if getattr(self, "parity_probe", None) is None:
+            rows = [r["prompt_ids"] for r in self.train_rows if len(r["prompt_ids"]) >= 2]
+            self.parity_probe = probe_batch(rows[: ws.parity_probe_size], self._pad_id())
+        return check_parity(
+            self.actor_train,
+            self.actor_infer,
+            self.parity_probe,
+            max_abs_diff=ws.parity_max_abs_diff,
+        )
+
+    def rollout_and_score(self, step: int) -> tuple[Batch, dict[str, float]]:
+        cfg, algo = self.cfg, self.cfg.algorithm
+        group = cfg.num_return_sequences_in_group
+        kept: list[Batch] = []
+        kept_groups, drawn, rounds = 0, 0, 0
+        stats: dict[str, float] = {}
+        while True:
+            prompts = self.sampler.next_batch(cfg.rollout_batch_size)
+            samples = self._generate(prompts, seed=_step_seed(cfg.seed, step, rounds))
+            self._score(samples)
+            if rounds == 0:
+                stats.update(self._rollout_metrics(samples))
+            drawn += len(prompts)
+            if not algo.dynamic_sampling:
+                kept.append(samples)
+                break
+            signal = group_has_signal(samples["scores"], group)
+            keep_rows = signal.repeat_interleave(group).nonzero().flatten()
+            kept.append(samples.index(keep_rows))
+            kept_groups += int(signal.sum())
+            rounds += 1
+            if kept_groups >= cfg.rollout_batch_size or rounds >= algo.max_resample_rounds:
+                break
+        batch = Batch.concat([b for b in kept if len(b)]) if any(len(b) for b in kept) else kept[0]
+        if algo.dynamic_sampling:
+            stats["rollout/kept_group_fraction"] = kept_groups / max(drawn, 1)
+            batch = self._fit_dynamic_batch(batch, samples)
+        return self._pack(batch), stats
+
+    def _generate(self, prompts: list[dict], seed: int) -> Batch:
+        prompt_batch = Batch(
+            non_tensors={
+                "prompt_ids": [p["prompt_ids"] for p in prompts],
+                "row": range(len(prompts)),
+            }
+        )
+        out = self.actor_infer.generate(prompt_batch, seed=seed)
+        rows = [prompts[r] for r in out["row"]]
+        text = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in out["response_ids"]]
+        return Batch(
+            non_tensors={
+                "prompt_ids": [r["prompt_ids"] for r in rows],
+                "prompt": [r["prompt"] for r in rows],
+                "ground_truth": [r["ground_truth"] for r in rows],
+                "domain": [r["domain"] for r in rows],
+                "id": [r["id"] for r in rows],
+                "response_ids": out["response_ids"],
+                "response_text": text,
+                "rollout_logprobs": out["rollout_logprobs"],
+                "finish_reason": out["finish_reason"],
+            }
+        )
+
+    def _score(self, samples: Batch) -> None:
+        """Fill ``scores`` and ``reward_info`` by sending each domain to its reward role."""
+        scores = torch.zeros(len(samples))
+        infos: list[dict] = [{} for _ in range(len(samples))]
+        domains = list(samples["domain"])
+        calls = []
+        for role in sorted(set(self.routes[d] for d in domains)):
+            rows = [i for i, d in enumerate(domains) if self.routes[d] == role]
+            cluster = self.clusters[f"rewards.{role}"]
+            part = samples.index(rows).select("prompt", "ground_truth", "response_text")
+            calls.append((rows, cluster.submit("score", part)))
+        for rows, call in calls:
+            out = call.get()
+            scores[rows] = out["scores"]
+            for i, info in zip(rows, out["reward_info"], strict=True):
+                infos[i] = info
+        samples.tensors["scores"] = scores
+        samples.non_tensors["reward_info"] = _objects(infos)
+
+    def _rollout_metrics(self, samples: Batch) -> dict[str, float]:
+        metrics = domain_metrics(
+            "rollout", list(samples["domain"]), samples["scores"].tolist(), samples["reward_info"]
+        )
+        lengths = [len(r) for r in samples["response_ids"]]
+        metrics["rollout/response_length"] = sum(lengths) / len(lengths)
+        metrics["rollout/truncated_fraction"] = sum(
+            f == "length" for f in samples["finish_reason"]
+        ) / len(lengths)
+        return metrics
+
+    def _fit_dynamic_batch(self, batch: Batch, last: Batch) -> Batch:
+        """Trim (or pad with zero-signal groups from ``last``) to rollout_batch_size groups."""
+        group, want = self.cfg.num_return_sequences_in_group, self.cfg.rollout_batch_size
+        have = len(batch) // group
+        if have >= want:
+            return batch.index(list(range(want * group)))
+        pad = last.index(list(range((want - have) * group)))
+        return Batch.concat([batch, pad]) if have else pad
+
+    def _pack(self, samples: Batch) -> Batch:
+        tensors = pack_sequences(
+            list(samples["prompt_ids"]), list(samples["response_ids"]), self._pad_id()
+        )
+        width = tensors["input_ids"].shape[1]
+        prompt_lengths = [len(p) for p in samples["prompt_ids"]]
+        tensors["rollout_logprobs"] = scatter_response_values(
+            list(samples["rollout_logprobs"]), prompt_lengths, width
+        )
+        if self.cfg.algorithm.mask_truncated:
+            truncated = torch.tensor([f == "length" for f in samples["finish_reason"]])
+            tensors["response_mask"][truncated] = 0.0
+        tensors["scores"] = samples["scores"]
+        non_tensors = {k: samples[k] for k in ("domain", "id", "response_text")}
+        return Batch(tensors, non_tensors)
+
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def reference_logprobs(self, inputs: Batch) -> Batch:
+        if "reference" in self.clusters:
+            return self.clusters["reference"].compute_logprobs(inputs, key="ref_logprobs")
+        # LoRA: the actor with its adapter disabled is the reference policy.
+        return self.actor_train.compute_logprobs(inputs, key="ref_logprobs", disable_adapter=True)
+
+    def compute_advantages(self, batch: Batch) -> dict[str, float]:
+        algo = self.cfg.algorithm
+        mask = batch["response_mask"]
+        kl_BT = None
+        metrics: dict[str, float] = {}
+        if "ref_logprobs" in batch:
+            kl_BT = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], algo.kl_estimator)
+            metrics["actor/ref_kl"] = float(masked_mean(kl_BT, mask))
+        options = {}
+        if algo.adv_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+            options["gamma"] = algo.gamma
+        advantages, returns = compute_advantages(
+            algo.adv_estimator,
+            AdvantageInputs(
+                scores_B=batch["scores"],
+                response_mask_BT=mask,
+                group_size=self.cfg.num_return_sequences_in_group,
+                kl_BT=kl_BT if algo.kl_in_reward else None,
+                kl_coef=algo.kl_coef if algo.kl_in_reward else 0.0,
+                **options,
+            ),
+        )
+        batch.tensors["advantages"] = advantages
+        mismatch = rollout_mismatch_metrics(batch["old_logprobs"], batch["rollout_logprobs"], mask)
+        metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
+        metrics["actor/advantage_mean"] = float(masked_mean(advantages, mask))
+        del returns
+        return metrics
+
+    # --- evaluation and checkpoints --------------------------------------------------------
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy accuracy on the held-out rows (the weights must be synced)."""
+        gen = self.cfg.validation.generating_args
+        prompt_batch = Batch(
+            non_tensors={
+                "prompt_ids": [r["prompt_ids"] for r in self.eval_rows],
+                "row": range(len(self.eval_rows)),
+            }
+        )
+        out = self.actor_infer.generate(
+            prompt_batch,
+            seed=self.cfg.seed,
+            n=1,
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            top_k=gen.top_k,
+            max_new_tokens=gen.max_new_tokens or self.cfg.response_length,
+        )
+        rows = [self.eval_rows[r] for r in out["row"]]
+        samples = Batch(
+            non_tensors={
+                "prompt": [r["prompt"] for r in rows],
+                "ground_truth": [r["ground_truth"] for r in rows],
+                "domain": [r["domain"] for r in rows],
+                "response_text": [
+                    self.tokenizer.decode(ids, skip_special_tokens=True)
+                    for ids in out["response_ids"]
+                ],
+            }
+        )
+        self._score(samples)
+        return domain_metrics(
+            "eval", list(samples["domain"]), samples["scores"].tolist(), samples["reward_info"]
+        )
+
+    def save_checkpoint(self, step: int) -> Path:
+        partial = self.checkpoints.begin(step)
+        self.actor_train.save_checkpoint(str(partial / "actor_train"), "engine")
+        state = {
+            "step": step,
+            "sampler": self.sampler.state_dict(),
+            "rng": capture_rng_state(),
+            "exp_name": self.cfg.exp_name,
+        }
+        return self.checkpoints.commit(partial, state)
+
+    def _maybe_resume(self) -> int:
+        if not self.cfg.resume_from_checkpoint:
+            return 0
+        path = self.checkpoints.resolve(self.cfg.resume_from_checkpoint)
+        state = self.checkpoints.load_state(path)
+        self.actor_train.load_checkpoint(str(path / "actor_train"), "engine")
+        self.sampler.load_state_dict(state["sampler"])
+        restore_rng_state(state["rng"])
+        logger.info("resumed from %s at step %d", path, state["step"])
+        return int(state["step"])
+
+
+def _step_seed(seed: int, step: int, round_: int) -> int:
+    return (seed * 1_000_003 + step * 10_007 + round_ * 101) % (2**31 - 1)
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    keys = set().union(*dicts) if dicts else set()
+    return {k: sum(d[k] for d in dicts if k in d) / sum(k in d for d in dicts) for k in keys}
+
+
+def _objects(values: list[Any]) -> Any:
+    import numpy as np
+
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def _postfix(metrics: dict[str, float]) -> dict[str, str]:
+    keys = ("rollout/score", "eval/accuracy", "actor/pg_loss", "time/step")
+    return {k.split("/")[-1]: f"{metrics[k]:.3g}" for k in keys if k in metrics}
