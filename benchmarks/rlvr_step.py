@@ -18,7 +18,17 @@ import statistics
 import time
 from pathlib import Path
 
-PHASES = ("sync", "rollout", "logprobs", "advantage", "train", "step")
+# "rollout" is generation plus reward scoring, also reported apart.
+PHASES = (
+    "sync",
+    "rollout",
+    "rollout_generate",
+    "rollout_reward",
+    "logprobs",
+    "advantage",
+    "train",
+    "step",
+)
 
 
 def build_medium_model(cache: Path) -> str:

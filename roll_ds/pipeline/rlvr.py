@@ -292,11 +292,15 @@ class RLVRPipeline:
         group = cfg.num_return_sequences_in_group
         kept: list[Batch] = []
         kept_groups, drawn, rounds = 0, 0, 0
-        stats: dict[str, float] = {}
+        stats: dict[str, float] = {"time/rollout_generate": 0.0, "time/rollout_reward": 0.0}
         while True:
             prompts = self.sampler.next_batch(cfg.rollout_batch_size)
+            started = time.perf_counter()
             samples = self._generate(prompts, seed=_step_seed(cfg.seed, step, rounds))
+            generated = time.perf_counter()
             self._score(samples)
+            stats["time/rollout_generate"] += generated - started
+            stats["time/rollout_reward"] += time.perf_counter() - generated
             if rounds == 0:
                 stats.update(self._rollout_metrics(samples))
             drawn += len(prompts)
