@@ -62,7 +62,9 @@ class WarmupRecipe:
     )
     check_every: int = 25
     n_dev: int = 200
-    target_accuracy: tuple[float, float] = (0.28, 0.42)
+    # A window a little above the middle of 0.2..0.5: models stopped lower sample so flatly at
+    # temperature 1 that GRPO groups rarely carry a reward signal (RL then drifted down here).
+    target_accuracy: tuple[float, float] = (0.32, 0.48)
     min_weight_scale: float = 0.05
     num_threads: int = 1
 
