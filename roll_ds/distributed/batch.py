@@ -22,7 +22,7 @@ import torch
 Index = int | slice | Sequence[int] | torch.Tensor | np.ndarray
 
 
-def _object_array(values: Iterable[Any]) -> np.ndarray:
+def object_array(values: Iterable[Any]) -> np.ndarray:
     """1-d object array, one item per row (item by item so lists are not broadcast into dims)."""
     values = list(values)
     out = np.empty(len(values), dtype=object)
@@ -42,7 +42,7 @@ class Batch:
     ) -> None:
         self.tensors: dict[str, torch.Tensor] = dict(tensors or {})
         self.non_tensors: dict[str, np.ndarray] = {
-            k: v if isinstance(v, np.ndarray) and v.dtype == object else _object_array(v)
+            k: v if isinstance(v, np.ndarray) and v.dtype == object else object_array(v)
             for k, v in (non_tensors or {}).items()
         }
         self.meta: dict[str, Any] = dict(meta or {})

@@ -17,13 +17,14 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from roll_ds.config.schema import EMBEDDED_MODEL
 from roll_ds.data.synthetic import DOMAINS, TaskSpec, generate_domain, to_jsonl
 from roll_ds.models.tiny import TinyQwen2Spec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-EMBEDDED_MODEL = "embedded:tiny-qwen2"
+
 RECIPE_FILE = "roll_ds_recipe.json"
 # Bump when the build code changes what a recipe produces (the task data is hashed separately).
 RECIPE_VERSION = 2

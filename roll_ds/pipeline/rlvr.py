@@ -27,7 +27,7 @@ from roll_ds.checkpoint import CheckpointManager, capture_rng_state, restore_rng
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.dataset import load_jsonl_rows
 from roll_ds.data.sampler import PromptSampler
-from roll_ds.distributed.batch import Batch
+from roll_ds.distributed.batch import Batch, object_array
 from roll_ds.models.embedded import resolve_pretrain
 from roll_ds.pipeline.losses import PolicyLoss
 from roll_ds.pipeline.rollout import domain_metrics, domain_routes, encode_prompt, group_has_signal
@@ -361,7 +361,7 @@ class RLVRPipeline:
             for i, info in zip(rows, out["reward_info"], strict=True):
                 infos[i] = info
         samples.tensors["scores"] = scores
-        samples.non_tensors["reward_info"] = _objects(infos)
+        samples.non_tensors["reward_info"] = object_array(infos)
 
     def _rollout_metrics(self, samples: Batch) -> dict[str, float]:
         metrics = domain_metrics(
@@ -505,15 +505,6 @@ def _step_seed(seed: int, step: int, round_: int) -> int:
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     keys = set().union(*dicts) if dicts else set()
     return {k: sum(d[k] for d in dicts if k in d) / sum(k in d for d in dicts) for k in keys}
-
-
-def _objects(values: list[Any]) -> Any:
-    import numpy as np
-
-    out = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
 
 
 def _postfix(metrics: dict[str, float]) -> dict[str, str]:
