@@ -5,7 +5,7 @@ A row is ``{"id": str, "domain": str, "prompt": str, "ground_truth": str}``; ``p
 ``<file stem>-<line>``. Other keys are kept. Validation collects every problem in the file and
 raises one ``DatasetFormatError`` naming the file and line of each.
 
-Importing this module does not import torch; only ``greedy_accuracy`` needs it.
+Importing this module does not import torch; only the greedy decoding helpers need it.
 """
 
 from __future__ import annotations
@@ -99,26 +99,26 @@ def answers_match(response: str, ground_truth: str, domain: str) -> bool:
     return False
 
 
-def greedy_accuracy(
+def greedy_responses(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    rows: Iterable[dict],
+    rows: list[dict],
     *,
     max_new_tokens: int = 8,
     batch_size: int = 256,
-) -> dict[str, float]:
-    """Greedy accuracy of ``model`` on ``rows``: ``{"overall": a, "<domain>": a, ...}``.
+) -> list[str]:
+    """``model``'s greedy response text to each row's prompt, in the order of ``rows``.
 
     Prompts are batched by token length, so no batch needs padding and the result is the same
     as one-by-one decoding (and as vLLM's greedy decoding of the same weights).
     """
     import torch
 
-    by_length: dict[int, list[tuple[dict, list[int]]]] = defaultdict(list)
-    for row in rows:
+    by_length: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
+    for i, row in enumerate(rows):
         ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        by_length[len(ids)].append((row, ids))
-    correct: dict[str, list[bool]] = defaultdict(list)
+        by_length[len(ids)].append((i, ids))
+    responses = [""] * len(rows)
     was_training = model.training
     model.eval()
     try:
@@ -137,13 +137,38 @@ def greedy_accuracy(
                         pad_token_id=tokenizer.pad_token_id,
                     )
                     texts = tokenizer.batch_decode(out[:, length:], skip_special_tokens=True)
-                    for (row, _), text in zip(chunk, texts, strict=True):
-                        correct[row["domain"]].append(
-                            answers_match(text, row["ground_truth"], row["domain"])
-                        )
+                    for (i, _), text in zip(chunk, texts, strict=True):
+                        responses[i] = text
     finally:
         model.train(was_training)
-    result = {d: sum(v) / len(v) for d, v in sorted(correct.items())}
-    everything = [c for v in correct.values() for c in v]
+    return responses
+
+
+def accuracy_by_domain(rows: list[dict], hits: Iterable[bool]) -> dict[str, float]:
+    """``{"overall": a, "<domain>": a, ...}`` from one hit flag per row."""
+    by_domain: dict[str, list[bool]] = defaultdict(list)
+    for row, hit in zip(rows, hits, strict=True):
+        by_domain[row["domain"]].append(bool(hit))
+    result = {d: sum(v) / len(v) for d, v in sorted(by_domain.items())}
+    everything = [h for v in by_domain.values() for h in v]
     result["overall"] = sum(everything) / max(len(everything), 1)
     return result
+
+
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Iterable[dict],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Greedy accuracy of ``model`` on ``rows``: ``{"overall": a, "<domain>": a, ...}``."""
+    rows = list(rows)
+    texts = greedy_responses(
+        model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
+    pairs = zip(rows, texts, strict=True)
+    return accuracy_by_domain(
+        rows, [answers_match(t, r["ground_truth"], r["domain"]) for r, t in pairs]
+    )

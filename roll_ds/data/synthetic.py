@@ -72,6 +72,26 @@ _PROBLEMS: dict[str, Callable[[random.Random, TaskSpec, int], list[tuple[str, st
 }
 
 
+def flawed_answer(domain: str, ground_truth: str) -> str:
+    """The typical wrong answer of a careless demonstrator, used by the embedded model's warm-up.
+
+    - ``math``: a sign slip (``82`` becomes ``-82``, ``-5`` becomes ``5``); zero has no sign to
+      slip, so its demonstration stays right.
+    - ``reverse``: the reversal stops one letter short (``kqml`` becomes ``kqm``).
+
+    Both flaws reuse the whole computation of the right answer and differ from it in one
+    decision (a leading ``-``, or stopping early), so a model that learned the task from mixed
+    demonstrations can produce either answer, and a verifier's reward can teach it which.
+    """
+    if domain == "math":
+        if ground_truth.lstrip("-") == "0":
+            return ground_truth
+        return ground_truth[1:] if ground_truth.startswith("-") else "-" + ground_truth
+    if domain == "reverse":
+        return ground_truth[:-1]
+    raise ValueError(f"unknown synthetic domain {domain!r}; valid: {', '.join(DOMAINS)}")
+
+
 def generate_domain(domain: str, spec: TaskSpec) -> dict[str, list[dict]]:
     """``{"train": rows, "eval": rows}`` for one domain; prompts are unique across both splits."""
     if domain not in _PROBLEMS:

@@ -1,9 +1,15 @@
 """The embedded default model: a tiny Qwen2 built on first use, since no hub is reachable.
 
-``resolve_pretrain("embedded:tiny-qwen2")`` builds the model into the cache once (seeded init,
-then a short supervised warm-up on the synthetic train split that leaves it weak but not hopeless
-on the held-out split) and returns its directory; any other ``pretrain`` must be a local path.
-The directory name carries a hash of the recipe, so changing the recipe builds a new model.
+``resolve_pretrain("embedded:tiny-qwen2")`` builds the model into the cache once and returns its
+directory; any other ``pretrain`` must be a local path. The directory name carries a hash of the
+recipe, so changing the recipe builds a new model.
+
+The build is a seeded init and then a short supervised warm-up on demonstrations of mixed
+quality: most demonstrations carry the domain's typical flaw (``synthetic.flawed_answer``: a
+sign slip in math, a reversal that stops one letter short). The model learns to do the task,
+but prefers the flawed answer, so its greedy held-out accuracy starts low while its samples
+often hold the right answer. That is the situation RL with verifiable rewards is for (imitation
+data of mixed quality, a verifier that knows better), at a size that trains in minutes on a CPU.
 """
 
 from __future__ import annotations
@@ -27,27 +33,27 @@ if TYPE_CHECKING:
 
 RECIPE_FILE = "roll_ds_recipe.json"
 # Bump when the build code changes what a recipe produces (the task data is hashed separately).
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 
 @dataclass(frozen=True, kw_only=True)
 class WarmupRecipe:
     """Everything that determines the built weights (hashed into the cache directory name).
 
-    The warm-up trains on the synthetic train split; every ``check_every`` steps it measures
-    greedy accuracy on a dev split (``n_dev`` fresh problems per domain, disjoint from both the
-    train and the eval split). It stops at the first check where every domain lies inside
-    ``target_accuracy`` (or once every domain is past it, or at ``max_steps``) and keeps the
-    weights of the check nearest to that window.
+    The warm-up trains on the synthetic train split, each demonstration flawed with probability
+    ``flawed_fraction``. Every ``check_every`` steps it measures the greedy *skill* on a dev
+    split (``n_dev`` fresh problems per domain, disjoint from both the train and the eval
+    split): the share of prompts answered either right or with exactly the domain's flaw, i.e.
+    how well the model does the task whichever answer it prefers. It stops at the first check
+    where every domain's skill reaches ``target_skill`` (or at ``max_steps``) and keeps the
+    weights of the most skilled check (by its weakest domain).
 
     Between checks each domain's share of a batch is its ``domain_weights`` entry scaled by how
-    far it still is below the middle of the window (at least ``min_weight_scale``): in a model
-    this small the domains compete for capacity, and without that the faster one races ahead.
+    far its skill still is below the target (at least ``min_weight_scale``): in a model this
+    small the domains compete for capacity, and without that the faster one races ahead.
 
-    Stopping on accuracy rather than at a fixed step count keeps the model weak but not hopeless
-    even where float rounding sends another machine's training down a different path. The window
-    sits inside the 0.2..0.5 wanted on the eval split because stopping at the first check inside
-    it favours checks where the dev sample happened to score high.
+    Stopping on measured skill rather than at a fixed step count keeps the result alike even
+    where float rounding sends another machine's training down a different path.
     """
 
     seed: int = 7
@@ -63,9 +69,10 @@ class WarmupRecipe:
     )
     check_every: int = 25
     n_dev: int = 200
-    # A window a little above the middle of 0.2..0.5: models stopped lower sample so flatly at
-    # temperature 1 that GRPO groups rarely carry a reward signal (RL then drifted down here).
-    target_accuracy: tuple[float, float] = (0.32, 0.48)
+    # Most demonstrations are flawed, so the warmed-up model prefers the flaw (greedy accuracy
+    # starts low) while its samples are right about 40 % of the times it knows the answer.
+    flawed_fraction: float = 0.6
+    target_skill: float = 0.45
     min_weight_scale: float = 0.05
     num_threads: int = 1
 
@@ -145,7 +152,6 @@ def build_model_dir(out_dir: str, recipe: WarmupRecipe) -> dict:
     """Init, warm up, measure and save the model, tokenizer and ``roll_ds_recipe.json``."""
     import torch
 
-    from roll_ds.data.dataset import greedy_accuracy
     from roll_ds.models.tiny import build_tokenizer, init_model, save_tokenizer
 
     start = time.perf_counter()
@@ -156,7 +162,7 @@ def build_model_dir(out_dir: str, recipe: WarmupRecipe) -> dict:
         model = init_model(tokenizer, recipe.model, recipe.seed)
         train_rows, dev_rows, eval_rows = _splits(recipe)
         history = warm_up(model, tokenizer, train_rows, dev_rows, recipe)
-        accuracy = greedy_accuracy(model, tokenizer, eval_rows)
+        accuracy, skill = greedy_accuracy_and_skill(model, tokenizer, eval_rows)
     finally:
         torch.set_num_threads(threads)
     info = {
@@ -165,6 +171,7 @@ def build_model_dir(out_dir: str, recipe: WarmupRecipe) -> dict:
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "warmup": history,
         "warmup_eval_accuracy": accuracy,
+        "warmup_eval_skill": skill,
         "build_seconds": round(time.perf_counter() - start, 2),
     }
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -194,6 +201,23 @@ def _splits(recipe: WarmupRecipe) -> tuple[list[dict], list[dict], list[dict]]:
     return train, dev, held_out
 
 
+def greedy_accuracy_and_skill(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, rows: list[dict]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Greedy accuracy on ``rows``, and skill: the share answered right or with exactly the
+    domain's flaw (``synthetic.flawed_answer``). Both as ``{"overall": a, "<domain>": a}``."""
+    from roll_ds.data.dataset import accuracy_by_domain, answers_match, greedy_responses
+    from roll_ds.data.synthetic import flawed_answer
+
+    texts = greedy_responses(model, tokenizer, rows)
+    right, skilled = [], []
+    for row, text in zip(rows, texts, strict=True):
+        hit = answers_match(text, row["ground_truth"], row["domain"])
+        right.append(hit)
+        skilled.append(hit or text.strip() == flawed_answer(row["domain"], row["ground_truth"]))
+    return accuracy_by_domain(rows, right), accuracy_by_domain(rows, skilled)
+
+
 def warm_up(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
@@ -201,21 +225,21 @@ def warm_up(
     dev_rows: list[dict],
     recipe: WarmupRecipe,
 ) -> dict:
-    """Supervised warm-up on ``prompt -> ground_truth + eos`` (loss on the response only),
-    stopped by the rule in ``WarmupRecipe``; the model ends with the weights of the chosen check.
-    Returns the history of checks (mean loss, dev accuracy) and the chosen step."""
+    """Supervised warm-up on ``prompt -> answer + eos`` (loss on the response only), where the
+    answer is flawed with probability ``recipe.flawed_fraction``; stopped by the rule in
+    ``WarmupRecipe``, the model ends with the weights of the chosen check. Returns the history
+    of checks (mean loss, dev accuracy and skill) and the chosen step."""
     import copy
 
     import torch
 
-    from roll_ds.data.dataset import greedy_accuracy
-
     domains = sorted({r["domain"] for r in train_rows})
-    encoded = {d: _encode(tokenizer, [r for r in train_rows if r["domain"] == d]) for d in domains}
+    encoded = {
+        d: _encode_demos(tokenizer, [r for r in train_rows if r["domain"] == d]) for d in domains
+    }
     base = torch.tensor([recipe.domain_weights.get(d, 0.0) for d in domains], dtype=torch.float64)
     if not base.sum() > 0:
         raise ValueError(f"domain_weights {recipe.domain_weights} give no weight to {domains}")
-    low, high = recipe.target_accuracy
     weights = base.clone()
     generator = torch.Generator().manual_seed(recipe.seed)
     optimizer = torch.optim.AdamW(
@@ -229,7 +253,7 @@ def warm_up(
     losses: list[float] = []
     model.train()
     for step in range(1, recipe.max_steps + 1):
-        loss = _batch_loss(model, encoded, domains, weights, recipe.batch_size, generator)
+        loss = _batch_loss(model, encoded, domains, weights, recipe, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -239,38 +263,42 @@ def warm_up(
         history["steps"] = step
         if step % recipe.check_every and step != recipe.max_steps:
             continue
-        accuracy = greedy_accuracy(model, tokenizer, dev_rows)
+        accuracy, skill = greedy_accuracy_and_skill(model, tokenizer, dev_rows)
         history["checks"].append(
-            {"step": step, "loss": sum(losses) / len(losses), "dev_accuracy": accuracy}
+            {
+                "step": step,
+                "loss": sum(losses) / len(losses),
+                "dev_accuracy": accuracy,
+                "dev_skill": skill,
+            }
         )
         losses = []
-        # How far the worst domain is from the target window (0 inside it).
-        miss = max(max(low - accuracy[d], accuracy[d] - high, 0.0) for d in domains)
-        if best is None or miss < best[0]:
-            best = (miss, copy.deepcopy(model.state_dict()))
+        weakest = min(skill[d] for d in domains)
+        if best is None or weakest > best[0]:
+            best = (weakest, copy.deepcopy(model.state_dict()))
             history["chosen_step"] = step
-        if miss == 0 or all(accuracy[d] > high for d in domains):
-            break  # inside the window, or every domain past it: training on cannot get closer
-        weights = _domain_shares(base, [accuracy[d] for d in domains], recipe)
+        if weakest >= recipe.target_skill:
+            break
+        weights = _domain_shares(base, [skill[d] for d in domains], recipe)
     if best is not None:
         model.load_state_dict(best[1])
     model.eval()
     return history
 
 
-def _domain_shares(base, accuracies: list[float], recipe: WarmupRecipe):
+def _domain_shares(base, skills: list[float], recipe: WarmupRecipe):
     """Batch shares for the next steps: the domains compete for the tiny model's capacity (one
     trained alone erases the other within ~50 steps), so each domain's base share shrinks as its
-    dev accuracy nears the middle of the target window (down to ``min_weight_scale``)."""
+    dev skill nears the target (down to ``min_weight_scale``)."""
     import torch
 
-    mid = sum(recipe.target_accuracy) / 2
-    gaps = torch.tensor([1.0 - a / mid for a in accuracies], dtype=torch.float64)
+    gaps = torch.tensor([1.0 - s / recipe.target_skill for s in skills], dtype=torch.float64)
     return base * gaps.clamp(min=recipe.min_weight_scale)
 
 
-def _batch_loss(model, encoded: dict, domains: list[str], weights, batch_size: int, generator):
-    """Mean response-token loss of one batch that mixes the domains by ``weights``.
+def _batch_loss(model, encoded: dict, domains: list[str], weights, recipe, generator):
+    """Mean response-token loss of one batch that mixes the domains by ``weights``; each row is
+    the flawed demonstration of its problem with probability ``recipe.flawed_fraction``.
 
     Each domain's rows go through the model as their own chunk (similar lengths, so little
     padding); the loss is the mean over all the batch's response tokens.
@@ -278,14 +306,17 @@ def _batch_loss(model, encoded: dict, domains: list[str], weights, batch_size: i
     import torch
     import torch.nn.functional as F
 
-    picks = torch.multinomial(weights, batch_size, replacement=True, generator=generator)
+    picks = torch.multinomial(weights, recipe.batch_size, replacement=True, generator=generator)
     loss_sum, n_tokens = 0.0, 0
     for i, domain in enumerate(domains):
         count = int((picks == i).sum())
         if not count:
             continue
         input_ids, labels, attention_mask = encoded[domain]
-        idx = torch.randint(len(input_ids), (count,), generator=generator)
+        n_problems = len(input_ids) // 2  # right demonstrations first, then the flawed ones
+        idx = torch.randint(n_problems, (count,), generator=generator)
+        flawed = torch.rand(count, generator=generator) < recipe.flawed_fraction
+        idx = idx + n_problems * flawed.long()
         width = int(attention_mask[idx].sum(1).max())
         logits = model(
             input_ids=input_ids[idx, :width], attention_mask=attention_mask[idx, :width]
@@ -296,6 +327,14 @@ def _batch_loss(model, encoded: dict, domains: list[str], weights, batch_size: i
         )
         n_tokens += int((targets != -100).sum())
     return loss_sum / n_tokens
+
+
+def _encode_demos(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> tuple:
+    """``_encode`` of every row's right demonstration followed by its flawed one."""
+    from roll_ds.data.synthetic import flawed_answer
+
+    flawed = [{**r, "ground_truth": flawed_answer(r["domain"], r["ground_truth"])} for r in rows]
+    return _encode(tokenizer, rows + flawed)
 
 
 def _encode(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> tuple:

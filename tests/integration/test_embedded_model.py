@@ -9,7 +9,12 @@ import time
 import pytest
 
 from roll_ds.data.dataset import greedy_accuracy, load_jsonl_rows
-from roll_ds.models.embedded import EMBEDDED_MODEL, RECIPE_FILE, resolve_pretrain
+from roll_ds.models.embedded import (
+    EMBEDDED_MODEL,
+    RECIPE_FILE,
+    greedy_accuracy_and_skill,
+    resolve_pretrain,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,28 +38,35 @@ def built(tmp_path_factory):
         info = json.load(f)
     print(
         f"\nbuilt in {time.perf_counter() - start:.1f}s: {info['num_parameters']} parameters, "
-        f"{info['warmup']['steps']} warm-up steps, eval accuracy {info['warmup_eval_accuracy']}"
+        f"{info['warmup']['steps']} warm-up steps, eval accuracy {info['warmup_eval_accuracy']}, "
+        f"skill {info['warmup_eval_skill']}"
     )
     return path, info
 
 
-def test_warmup_leaves_the_model_weak_but_not_hopeless(built, eval_rows):
+def test_warmup_learns_the_task_but_prefers_the_flaw(built, eval_rows):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, info = built
-    accuracy = info["warmup_eval_accuracy"]
-    assert 0.2 <= accuracy["overall"] <= 0.5, accuracy
-    # On the project's CPU machines each domain lands in 0.2..0.5 as well (math 0.35, reverse
-    # 0.27); the warm-up's stopping rule aims there, but float rounding on other hardware takes
-    # another training path, so per domain only "weak but not hopeless" is required.
+    accuracy, skill = info["warmup_eval_accuracy"], info["warmup_eval_skill"]
+    # Skill (right or exactly the demonstrated flaw): the model does the task on held-out
+    # prompts. On the project's CPU machines: math 0.385, reverse 0.605. The stopping rule aims
+    # at 0.45 on a dev split, but float rounding on other hardware takes another training path,
+    # so only a margin is required here.
+    assert skill["overall"] >= 0.35, skill
     for domain in ("math", "reverse"):
-        assert 0.1 <= accuracy[domain] <= 0.6, (domain, accuracy)
-    # The saved files reproduce the recorded number.
+        assert skill[domain] >= 0.25, (domain, skill)
+        # ... but it mostly answers with the flaw it saw in 60 % of its demonstrations (here
+        # math 0.095, reverse 0.015), which leaves RL with verifiable rewards room to improve.
+        assert accuracy[domain] <= 0.5 * skill[domain], (domain, accuracy, skill)
+    # The saved files reproduce the recorded numbers.
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert greedy_accuracy(model, tokenizer, eval_rows) == pytest.approx(accuracy, abs=0.02)
+    _, measured_skill = greedy_accuracy_and_skill(model, tokenizer, eval_rows)
+    assert measured_skill == pytest.approx(skill, abs=0.02)
 
 
 def test_vllm_serves_the_model_and_stops_at_eos(built, eval_rows, monkeypatch):

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from roll_ds.data.synthetic import TaskSpec
+from roll_ds.data.synthetic import TaskSpec, flawed_answer
 from roll_ds.models import embedded
 from roll_ds.models.embedded import EMBEDDED_MODEL, RECIPE_FILE, WarmupRecipe, resolve_pretrain
 from roll_ds.models.tiny import (
@@ -198,14 +198,61 @@ def test_warmup_learns_from_the_shipped_train_files_and_stops_on_fresh_dev_rows(
     assert not {r["prompt"] for r in dev} & {r["prompt"] for r in train + held_out}
 
 
-def test_domain_shares_favour_the_domain_furthest_below_the_window():
+def test_domain_shares_favour_the_domain_furthest_below_the_target():
     base = torch.tensor([0.85, 0.15], dtype=torch.float64)
-    high = embedded.DEFAULT_RECIPE.target_accuracy[1]
+    target = embedded.DEFAULT_RECIPE.target_skill
     shares = embedded._domain_shares(base, [0.0, 0.0], embedded.DEFAULT_RECIPE)
     assert torch.equal(shares, base)
-    shares = embedded._domain_shares(base, [0.1, high], embedded.DEFAULT_RECIPE)
+    shares = embedded._domain_shares(base, [0.1, target], embedded.DEFAULT_RECIPE)
     assert shares[1] == base[1] * embedded.DEFAULT_RECIPE.min_weight_scale
-    assert shares[0] > 0.5 * base[0]
+    assert shares[0] == pytest.approx(base[0] * (1 - 0.1 / target))
+
+
+@pytest.mark.parametrize(
+    ("domain", "right", "flawed"),
+    [
+        ("math", "82", "-82"),
+        ("math", "-5", "5"),
+        ("math", "0", "0"),  # no sign to slip
+        ("reverse", "kqml", "kqm"),
+        ("reverse", "ab", "a"),
+    ],
+)
+def test_flawed_answers_differ_from_the_right_one_in_one_decision(domain, right, flawed):
+    assert flawed_answer(domain, right) == flawed
+
+
+def test_flawed_answer_rejects_unknown_domains():
+    with pytest.raises(ValueError, match="unknown synthetic domain 'code'; valid: math, reverse"):
+        flawed_answer("code", "x")
+
+
+def test_warmup_batches_mix_right_and_flawed_demonstrations(tokenizer):
+    rows = [
+        {"domain": "reverse", "prompt": f"reverse {w}=", "ground_truth": w[::-1]}
+        for w in ("abc", "defg", "hij", "klmn")
+    ]
+    input_ids, labels, _ = embedded._encode_demos(tokenizer, rows)
+    # Right demonstrations first, then the flawed ones, row for row.
+    answers = [tokenizer.decode(ids[ids != -100], skip_special_tokens=True) for ids in labels]
+    assert answers == ["cba", "gfed", "jih", "nmlk", "cb", "gfe", "ji", "nml"]
+    assert input_ids.shape[0] == 8
+
+
+def test_skill_counts_right_and_flawed_answers_and_nothing_else(monkeypatch):
+    rows = [
+        {"domain": "math", "prompt": "1+2=", "ground_truth": "3"},
+        {"domain": "math", "prompt": "1+3=", "ground_truth": "4"},
+        {"domain": "reverse", "prompt": "reverse ab=", "ground_truth": "ba"},
+        {"domain": "reverse", "prompt": "reverse cde=", "ground_truth": "edc"},
+    ]
+    from roll_ds.data import dataset
+
+    # The model's greedy answers: right, flawed (sign slip), flawed (one short), wrong.
+    monkeypatch.setattr(dataset, "greedy_responses", lambda *a, **k: ["3", "-4", "b", "cde"])
+    accuracy, skill = embedded.greedy_accuracy_and_skill(None, None, rows)
+    assert accuracy == {"math": 0.5, "reverse": 0.0, "overall": 0.25}
+    assert skill == {"math": 1.0, "reverse": 0.5, "overall": 0.75}
 
 
 def test_local_paths_pass_through_and_unknown_names_fail(tmp_path):
