@@ -18,6 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
+MODELS = ("embedded", "qwen2-20m")  # accepted by --models, see model_overrides
+
 # "rollout" is generation plus reward scoring, also reported apart.
 PHASES = (
     "sync",
@@ -59,6 +61,23 @@ def build_medium_model(cache: Path) -> str:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def model_overrides(name: str, work: Path) -> list[str]:
+    """Config overrides that select model ``name`` (one of ``MODELS``); builds it if needed.
+
+    Shared with benchmarks/trl_grpo_step.py so both benchmarks run the same settings.
+    """
+    if name == "embedded":
+        return []
+    if name == "qwen2-20m":
+        return [
+            f"pretrain={build_medium_model(work)}",
+            "response_length=48",
+            "prompt_length=32",
+            "actor_infer.strategy_args.strategy_config.max_model_len=96",
+        ]
+    raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
 
 
 def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
@@ -108,7 +127,7 @@ def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["embedded", "qwen2-20m"])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/rlvr_step.json")
     parser.add_argument("--work-dir", default="output/benchmarks")
@@ -116,20 +135,9 @@ def main() -> None:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
 
-    setups = {
-        "embedded": [],
-        "qwen2-20m": lambda: [
-            f"pretrain={build_medium_model(work)}",
-            "response_length=48",
-            "prompt_length=32",
-            "actor_infer.strategy_args.strategy_config.max_model_len=96",
-        ],
-    }
     results = []
     for name in args.models:
-        setup = setups[name]
-        overrides = setup() if callable(setup) else setup
-        results.append(bench(name, overrides, args.steps, work))
+        results.append(bench(name, model_overrides(name, work), args.steps, work))
         r = results[-1]
         phases = "  ".join(f"{p} {r['median_s'][p]:.2f}s" for p in PHASES)
         print(
