@@ -32,7 +32,7 @@ class StrategyContext:
 
     pretrain: str  # resolved model directory (the role's model_args may override it)
     seed: int
-    max_steps: int  # optimizer schedules decay over it
+    max_steps: int  # optimizer steps an LR schedule spans (per training role, all passes)
     response_length: int  # default max_new_tokens for generation
     stop_token_ids: tuple[int, ...] = ()
 

@@ -1,5 +1,9 @@
 """``deepspeed_train``: a DeepSpeed ZeRO (0-3) engine training an HF causal LM, optionally LoRA.
 
+``head="value"`` (the critic role) trains a value model instead: the same body with a scalar
+value head (``strategies._value_model``); it computes ``values_BT`` where the policy computes
+``logprobs_BT``, and everything else (ZeRO, LoRA, optimizer, checkpoints) is shared.
+
 Built from the role's composed ``strategy_config`` (a DeepSpeed JSON whose ``"auto"`` values
 ``roll_ds.config.deepspeed.build_deepspeed_config`` fills from the training args). The optimizer
 is AdamW: DeepSpeed's own when the config has an ``optimizer`` section; otherwise FusedAdam on
@@ -14,6 +18,7 @@ the same number of micro batches.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -35,15 +40,18 @@ from roll_ds.models.loading import apply_lora, load_causal_lm, resolve_model_pat
 from roll_ds.models.lora import hf_model_of
 from roll_ds.platform import current_platform
 from strategies import _common
+from strategies._value_model import apply_value_lora, forward_values, load_value_model
 from strategies._weights import copy_tokenizer_files, iter_weight_buckets, save_hf_weights
 from strategies.base import StrategyContext
 
 logger = logging.getLogger(__name__)
 
 LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, float]]]
-"""``loss_fn(logprobs_BT, micro_batch, entropy_BT) -> (loss, metrics)``; ``entropy_BT`` is None
-unless ``train_step(with_entropy=True)``. The loss is that of one micro batch: DeepSpeed divides
-it by ``gradient_accumulation_steps`` and averages gradients over data-parallel ranks."""
+"""``loss_fn(logprobs_BT, micro_batch, entropy_BT) -> (loss, metrics)`` (``values_BT`` in place
+of ``logprobs_BT`` for ``head="value"``); ``entropy_BT`` is None unless
+``train_step(with_entropy=True)``. The loss is that of one micro batch: DeepSpeed divides it by
+``gradient_accumulation_steps`` and averages gradients over data-parallel ranks."""
+HEADS = ("lm", "value")
 
 
 class DeepSpeedTrainStrategy:
@@ -57,7 +65,11 @@ class DeepSpeedTrainStrategy:
         seed: int = 42,
         max_steps: int = 1,
         infer_batch_size: int = 8,
+        head: str = "lm",
     ) -> None:
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
+        self.head = head
         self.model_path = model_path
         self.strategy_config = _plain(strategy_config)
         self.model_args = model_args or ModelArgs()
@@ -71,7 +83,7 @@ class DeepSpeedTrainStrategy:
 
     @classmethod
     def from_worker_config(
-        cls, worker: WorkerConfig, ctx: StrategyContext
+        cls, worker: WorkerConfig, ctx: StrategyContext, *, head: str = "lm"
     ) -> DeepSpeedTrainStrategy:
         return cls(
             model_path=worker.model_args.model_name_or_path or ctx.pretrain,
@@ -81,6 +93,7 @@ class DeepSpeedTrainStrategy:
             seed=ctx.seed,
             max_steps=ctx.max_steps,
             infer_batch_size=worker.infer_batch_size,
+            head=head,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -105,9 +118,16 @@ class DeepSpeedTrainStrategy:
         _seed_everything(self.seed)
         self.model_path = resolve_model_path(self.model_path)
         self.ds_config = self._build_ds_config()
+        self._build_engine(self._load_model())
 
+    def _load_model(self) -> torch.nn.Module:
         args = self.model_args
-        model = load_causal_lm(
+        load, wrap = (
+            (load_value_model, apply_value_lora)
+            if self.head == "value"
+            else (load_causal_lm, apply_lora)
+        )
+        model = load(
             self.model_path,
             dtype=args.dtype,
             attn_impl=args.attn_implementation,
@@ -118,14 +138,35 @@ class DeepSpeedTrainStrategy:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         if self.is_lora:
-            model = apply_lora(
+            model = wrap(
                 model,
                 rank=args.lora_rank,
                 alpha=args.lora_alpha,
                 dropout=args.lora_dropout,
                 target=args.lora_target,
             )
-        self._build_engine(model)
+        return model
+
+    def _forward(
+        self,
+        model: Any,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        *,
+        with_entropy: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """``{"logprobs_BT"[, "entropy_BT"]}``, or ``{"values_BT"}`` for ``head="value"``."""
+        if self.head == "value":
+            if with_entropy:
+                raise ValueError("a value model has no token distribution (with_entropy=True)")
+            return {"values_BT": forward_values(model, input_ids_BT, attention_mask_BT)}
+        return _common.forward_logprobs(
+            model, input_ids_BT, attention_mask_BT, with_entropy=with_entropy
+        )
+
+    def _require_head(self, head: str, what: str) -> None:
+        if self.head != head:
+            raise ValueError(f"{what} needs head={head!r}; this strategy has head={self.head!r}")
 
     def _build_ds_config(self) -> dict[str, Any]:
         from transformers import AutoConfig
@@ -236,12 +277,13 @@ class DeepSpeedTrainStrategy:
         grad_norms: list[float] = []
         lrs: list[float] = []
         chunks = _common.split_batch(batch, micro)
+        output_key = "values_BT" if self.head == "value" else "logprobs_BT"
         for mb in chunks:
             mb = _common.to_device(mb, self.device)
-            out = _common.forward_logprobs(
+            out = self._forward(
                 self.engine, mb["input_ids"], mb["attention_mask"], with_entropy=with_entropy
             )
-            loss, metrics = loss_fn(out["logprobs_BT"], mb, out.get("entropy_BT"))
+            loss, metrics = loss_fn(out[output_key], mb, out.get("entropy_BT"))
             boundary = self.engine.is_gradient_accumulation_boundary()
             if boundary:
                 lrs.append(self.lr_scheduler.get_last_lr()[0])
@@ -278,22 +320,51 @@ class DeepSpeedTrainStrategy:
     ) -> dict[str, torch.Tensor]:
         """Log-probs (``[B, T-1]``) of the current policy; ``disable_adapter=True`` gives the
         LoRA base model's (the reference policy under LoRA) from the same engine."""
+        self._require_head("lm", "compute_logprobs")
         if disable_adapter and not self.is_lora:
             raise ValueError("disable_adapter=True needs a LoRA model (model_args.lora_rank)")
+        ctx = self.module.disable_adapter() if disable_adapter else contextlib.nullcontext()
+        with ctx:
+            return self._infer(
+                functools.partial(self._forward, self.engine, with_entropy=with_entropy),
+                input_ids_BT,
+                attention_mask_BT,
+                ("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
+            )
+
+    @torch.no_grad()
+    def compute_values(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """``{"values_BT": [B, T-1]}`` of the value model (``head="value"``)."""
+        self._require_head("value", "compute_values")
+        return self._infer(
+            functools.partial(self._forward, self.engine),
+            input_ids_BT,
+            attention_mask_BT,
+            ("values_BT",),
+        )
+
+    def _infer(
+        self,
+        forward: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        keys: tuple[str, ...],
+    ) -> dict[str, torch.Tensor]:
+        """``forward`` in eval mode over ``infer_batch_size`` chunks (see ``_batched_forward``)."""
         was_training = self.engine.training
         self.engine.eval()
         try:
-            ctx = self.module.disable_adapter() if disable_adapter else contextlib.nullcontext()
-            with ctx:
-                return _batched_logprobs(
-                    self.engine,
-                    input_ids_BT,
-                    attention_mask_BT,
-                    batch_size=self.infer_batch_size,
-                    with_entropy=with_entropy,
-                    device=self.device,
-                    lockstep=self.zero_stage == 3 and self.world_size > 1,
-                )
+            return _batched_forward(
+                forward,
+                input_ids_BT,
+                attention_mask_BT,
+                batch_size=self.infer_batch_size,
+                device=self.device,
+                lockstep=self.zero_stage == 3 and self.world_size > 1,
+                empty_keys=keys,
+            )
         finally:
             self.engine.train(was_training)
             _release_zero3_params(self.engine)
@@ -304,6 +375,7 @@ class DeepSpeedTrainStrategy:
     def named_weights_for_sync(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full weights under HF names in buckets of at most ``bucket_bytes`` (every rank gets
         every bucket); LoRA merged, a tied embedding also as ``lm_head.weight``."""
+        self._require_head("lm", "weight sync")
         _release_zero3_params(self.engine)
         return iter_weight_buckets(self.module, bucket_bytes)
 
@@ -439,8 +511,32 @@ def _batched_logprobs(
     device: torch.device,
     lockstep: bool,
 ) -> dict[str, torch.Tensor]:
-    """Forward in chunks of ``batch_size``; with ``lockstep`` (ZeRO-3 over several ranks) every
-    rank runs as many forwards as the busiest one, since each forward all-gathers parameters."""
+    """Log-probs (and entropy) in chunks of ``batch_size``; see ``_batched_forward``."""
+    return _batched_forward(
+        lambda ids, mask: _common.forward_logprobs(model, ids, mask, with_entropy=with_entropy),
+        input_ids_BT,
+        attention_mask_BT,
+        batch_size=batch_size,
+        device=device,
+        lockstep=lockstep,
+        empty_keys=("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
+    )
+
+
+def _batched_forward(
+    forward: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    *,
+    batch_size: int,
+    device: torch.device,
+    lockstep: bool,
+    empty_keys: tuple[str, ...],
+) -> dict[str, torch.Tensor]:
+    """``forward(ids, mask)`` in chunks of ``batch_size``, outputs concatenated on the CPU (the
+    ``empty_keys``, ``[0, T-1]``, when this rank has no rows). With ``lockstep`` (ZeRO-3 over
+    several ranks) every rank runs as many forwards as the busiest one, since each forward
+    all-gathers parameters."""
     n = input_ids_BT.shape[0]
     spans = list(_common.iter_chunks(n, batch_size))
     rounds = len(spans)
@@ -456,15 +552,13 @@ def _batched_logprobs(
             mask = torch.ones_like(ids)
         else:
             ids, mask = input_ids_BT[start:stop], attention_mask_BT[start:stop]
-        out = _common.forward_logprobs(
-            model, ids.to(device), mask.to(device), with_entropy=with_entropy
-        )
+        out = forward(ids.to(device), mask.to(device))
         if i < len(spans):
             for k, v in out.items():
                 parts.setdefault(k, []).append(v.float().cpu())
     if not parts:
-        empty = torch.zeros((0, max(0, input_ids_BT.shape[1] - 1)))
-        return {"logprobs_BT": empty, **({"entropy_BT": empty.clone()} if with_entropy else {})}
+        width = max(0, input_ids_BT.shape[1] - 1)
+        return {k: torch.zeros((0, width)) for k in empty_keys}
     return {k: torch.cat(v) for k, v in parts.items()}
 
 

@@ -20,6 +20,10 @@ Groups are contiguous: rollouts ``[g*G, (g+1)*G)`` answer prompt ``g`` (``G`` =
 
 For the outcome estimators (grpo, dr_grpo, rloo) with KL in the reward, the sequence reward is
 ``score - kl_coef * sum_t kl_t``.
+
+``whiten_advantages`` whitens the final advantages of any estimator over the batch's valid tokens
+(a no-op for the Reinforce++ family, which always whitens); ``returns_BT`` are never whitened.
+Which inputs each estimator reads is the torch-free table ``roll_ds.config.estimators``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 from torch import Tensor
 
 from roll_ds.algorithms.masks import last_token_index, masked_sum, masked_whiten
+from roll_ds.config.estimators import ALWAYS_WHITENED, ESTIMATOR_OPTIONS
 from roll_ds.registry import Registry
 
 
@@ -46,20 +51,20 @@ class AdvantageInputs:
     kl_coef: float = 0.0
     gamma: float = 1.0
     lam: float = 1.0
-    whiten_advantages: bool = False  # gae; the Reinforce++ family always whitens
+    whiten_advantages: bool = False  # every estimator; the Reinforce++ family always whitens
     eps: float = 1e-6  # grpo std epsilon
 
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
     fn: Callable[[AdvantageInputs], tuple[Tensor, Tensor]]
-    # Inputs it reads beyond scores/mask/group/kl; values_BT and the options in
+    # Inputs it reads beyond scores/mask/group/kl/whitening; values_BT and the options in
     # _OPTION_DEFAULTS that it does not list must stay unset / at their defaults.
     options: frozenset[str] = frozenset()
 
 
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
-_OPTION_DEFAULTS = {"gamma": 1.0, "lam": 1.0, "whiten_advantages": False}
+_OPTION_DEFAULTS = {"gamma": 1.0, "lam": 1.0}
 
 
 def check_group_size(batch_size: int, group_size: int) -> None:
@@ -206,15 +211,21 @@ def _check(name: str, inputs: AdvantageInputs, options: frozenset[str]) -> None:
 
 
 def compute_advantages(estimator: str, inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """Run the named estimator: ``(advantages_BT, returns_BT)``."""
+    """Run the named estimator: ``(advantages_BT, returns_BT)``; with ``whiten_advantages`` the
+    advantages are whitened over the valid tokens of the whole batch."""
     entry = ADVANTAGE_ESTIMATORS.get(estimator)
     _check(estimator, inputs, entry.options)
-    return entry.fn(inputs)
+    advantages_BT, returns_BT = entry.fn(inputs)
+    if inputs.whiten_advantages and estimator not in ALWAYS_WHITENED:
+        advantages_BT = masked_whiten(advantages_BT, inputs.response_mask_BT)
+    return advantages_BT, returns_BT
 
 
-def _register(name: str, options: tuple[str, ...] = ()) -> Callable:
+def _register(name: str) -> Callable:
+    """Register an estimator with the options ``ESTIMATOR_OPTIONS`` lists for ``name``."""
+
     def decorate(fn: Callable[[AdvantageInputs], tuple[Tensor, Tensor]]) -> Callable:
-        ADVANTAGE_ESTIMATORS.add(name, AdvantageEstimator(fn, frozenset(options)))
+        ADVANTAGE_ESTIMATORS.add(name, AdvantageEstimator(fn, ESTIMATOR_OPTIONS[name]))
         return fn
 
     return decorate
@@ -246,19 +257,19 @@ def _reinforce_pp(inputs: AdvantageInputs, scores_B: Tensor) -> tuple[Tensor, Te
     return masked_whiten(returns_BT, inputs.response_mask_BT), returns_BT
 
 
-@_register("reinforce_plus_plus", options=("gamma", "whiten_advantages"))
+@_register("reinforce_plus_plus")
 def _reinforce_plus_plus(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return _reinforce_pp(inputs, inputs.scores_B.float())
 
 
-@_register("reinforce_plus_plus_baseline", options=("gamma", "whiten_advantages"))
+@_register("reinforce_plus_plus_baseline")
 def _reinforce_plus_plus_baseline(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     scores_NG = _groups(inputs.scores_B.float(), inputs.group_size)
     baselined_B = (scores_NG - scores_NG.mean(-1, keepdim=True)).reshape(-1)
     return _reinforce_pp(inputs, baselined_B)
 
 
-@_register("gae", options=("values_BT", "gamma", "lam", "whiten_advantages"))
+@_register("gae")
 def _gae(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     if inputs.values_BT is None:
         raise ValueError(
@@ -273,5 +284,4 @@ def _gae(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
         inputs.response_mask_BT,
         gamma=inputs.gamma,
         lam=inputs.lam,
-        whiten=inputs.whiten_advantages,
     )

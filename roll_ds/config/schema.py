@@ -121,10 +121,14 @@ class RewardConfig(WorkerConfig):
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_plus_plus[_baseline] | gae
+    # Passes of the train step over each rollout batch (old log-probs fixed before the first).
     ppo_epochs: int = 1
-    whiten_advantages: bool = False
-    gamma: float = 1.0
-    lam: float = 1.0
+    whiten_advantages: bool = False  # whiten the final advantages over the batch (any estimator)
+    gamma: float = 1.0  # discount: gae, reinforce_plus_plus[_baseline]
+    lam: float = 1.0  # GAE lambda: gae
+    # Critic (gae): value clipping around the rollout-time values (null: none), loss scale.
+    value_clip: float | None = 0.5
+    vf_coef: float = 1.0
     # Policy loss: PPO clip with asymmetric ("clip-higher") bounds, optional dual clip.
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -139,7 +143,7 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     # Rollout filtering and corrections.
     dynamic_sampling: bool = False
-    max_resample_rounds: int = 3
+    max_resample_rounds: int = 3  # dynamic_sampling only
     mask_truncated: bool = False
     tis_cap: float | None = None
 
@@ -214,7 +218,7 @@ class RLVRConfig:
     actor_train: WorkerConfig = field(default_factory=WorkerConfig)
     actor_infer: WorkerConfig = field(default_factory=WorkerConfig)
     reference: WorkerConfig | None = None  # null under LoRA: the actor with its adapter disabled
-    critic: WorkerConfig | None = None  # needed by adv_estimator gae
+    critic: WorkerConfig | None = None  # value model (deepspeed_train); adv_estimator gae only
     rewards: dict[str, RewardConfig] = field(default_factory=dict)
 
     # DeepSpeed presets merged at the root by `defaults: - ../config/deepspeed_zero3@_here_`;

@@ -3,12 +3,14 @@
 Every problem is collected and reported at once; each line names the field and the fix. Type and
 key errors are already caught by Hydra against the schema; this module checks what types cannot:
 names that must exist in a registry, device placement, batch arithmetic, cross-role consistency.
+Settings that are valid but have no effect (``config_warnings``) are logged as warnings.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,11 +22,28 @@ from roll_ds.config.deepspeed import (
     check_deepspeed_config,
 )
 from roll_ds.config.device_mapping import DeviceMappingError, parse_device_mapping
-from roll_ds.config.schema import DTYPES, EMBEDDED_MODEL, RewardConfig, RLVRConfig, WorkerConfig
+from roll_ds.config.estimators import (
+    ALWAYS_WHITENED,
+    ESTIMATOR_OPTIONS,
+    estimators_using,
+    needs_critic,
+)
+from roll_ds.config.schema import (
+    DTYPES,
+    EMBEDDED_MODEL,
+    AlgorithmConfig,
+    RewardConfig,
+    RLVRConfig,
+    WorkerConfig,
+)
 from strategies.base import STRATEGIES, STRATEGY_SPECS
+
+logger = logging.getLogger(__name__)
 
 # Roles that run on devices (GPUs, or CPU slots on CPU machines) and need a device_mapping.
 DEVICE_ROLES = ("actor_train", "actor_infer", "reference", "critic")
+# Roles that train on the rollout batch every step.
+TRAIN_ROLES = ("actor_train", "critic")
 
 
 class ConfigError(ValueError):
@@ -62,9 +81,12 @@ def to_schema(cfg: DictConfig) -> RLVRConfig:
 
 
 def role_configs(cfg: RLVRConfig) -> Iterator[tuple[str, WorkerConfig]]:
-    """``(dotted name, config)`` for every role that is configured."""
+    """``(dotted name, config)`` for every role that is configured and used (a critic only with
+    an estimator that reads critic values)."""
     for name in DEVICE_ROLES:
         role = getattr(cfg, name)
+        if name == "critic" and not needs_critic(cfg.algorithm.adv_estimator):
+            continue
         if role is not None:
             yield name, role
     for domain, reward in cfg.rewards.items():
@@ -99,8 +121,12 @@ def placement(name: str, role: WorkerConfig) -> RolePlacement:
     return RolePlacement(devices, world_size, per_worker)
 
 
-def validate(cfg: RLVRConfig, *, check_files: bool = True) -> None:
-    """Raise ``ConfigError`` listing every problem in ``cfg``."""
+def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
+    """Raise ``ConfigError`` listing every problem in ``cfg``. Settings without effect are
+    logged as warnings (see ``config_warnings``) and returned."""
+    warnings = config_warnings(cfg)
+    for line in warnings:
+        logger.warning("config: %s", line)
     problems: list[str] = []
     problems += _check_cluster(cfg)
     placements: dict[str, RolePlacement] = {}
@@ -111,10 +137,55 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> None:
             problems.append(str(exc))
         problems += _check_role(cfg, name, role, placements.get(name))
     problems += _check_pipeline(cfg, placements)
+    problems += _check_algorithm(cfg)
     if check_files:
         problems += _check_paths(cfg)
     if problems:
         raise ConfigError(problems)
+    return warnings
+
+
+def config_warnings(cfg: RLVRConfig) -> list[str]:
+    """Settings that are valid but have no effect with the rest of ``cfg``, one line each naming
+    the field and when it does apply."""
+    algo = cfg.algorithm
+    defaults = {f.name: f.default for f in fields(AlgorithmConfig)}
+    estimator = algo.adv_estimator
+    if estimator not in ESTIMATOR_OPTIONS:
+        return []  # reported as a problem
+    warnings = []
+    for option in ("gamma", "lam"):
+        value = getattr(algo, option)
+        if value != defaults[option] and option not in ESTIMATOR_OPTIONS[estimator]:
+            warnings.append(
+                f"algorithm.{option}={value} has no effect with adv_estimator {estimator!r}; it "
+                f"is used by {', '.join(estimators_using(option))}"
+            )
+    if algo.whiten_advantages and estimator in ALWAYS_WHITENED:
+        warnings.append(
+            f"algorithm.whiten_advantages has no effect with adv_estimator {estimator!r}, whose "
+            "advantages are always whitened"
+        )
+    if not algo.dynamic_sampling and algo.max_resample_rounds != defaults["max_resample_rounds"]:
+        warnings.append(
+            f"algorithm.max_resample_rounds={algo.max_resample_rounds} has no effect while "
+            "algorithm.dynamic_sampling is false"
+        )
+    if not needs_critic(estimator):
+        critic_users = ", ".join(e for e in sorted(ESTIMATOR_OPTIONS) if needs_critic(e))
+        if cfg.critic is not None:
+            warnings.append(
+                f"critic: configured but adv_estimator {estimator!r} uses no critic; the role is "
+                f"not started (it is used by {critic_users})"
+            )
+        for option in ("value_clip", "vf_coef"):
+            value = getattr(algo, option)
+            if value != defaults[option]:
+                warnings.append(
+                    f"algorithm.{option}={value} has no effect with adv_estimator {estimator!r} "
+                    f"(no critic); it is used by {critic_users}"
+                )
+    return warnings
 
 
 def _check_cluster(cfg: RLVRConfig) -> list[str]:
@@ -245,24 +316,25 @@ def _check_pipeline(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> li
             f"actor_infer.generating_args.num_return_sequences: {infer_n} != "
             f"num_return_sequences_in_group {group}; set it to ${{num_return_sequences_in_group}}"
         )
-    train = placements.get("actor_train")
-    if train is not None and train.world_size > 0 and cfg.rollout_batch_size >= 1 and group >= 1:
-        args = cfg.actor_train.training_args
+    for name in TRAIN_ROLES:
+        train = placements.get(name)
+        if train is None or train.world_size < 1 or cfg.rollout_batch_size < 1 or group < 1:
+            continue
+        args = getattr(cfg, name).training_args
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         step_samples = per_step * train.world_size
         samples = cfg.rollout_batch_size * group
         if samples % step_samples:
             problems.append(
                 f"rollout_batch_size x num_return_sequences_in_group = {cfg.rollout_batch_size} x "
-                f"{group} = {samples} samples per step is not a multiple of actor_train's "
-                f"train batch (per_device_train_batch_size {args.per_device_train_batch_size} x "
-                f"gradient_accumulation_steps {args.gradient_accumulation_steps} x world size "
-                f"{train.world_size} = {step_samples}); adjust one of them"
+                f"{group} = {samples} samples per step is not a multiple of {name}'s "
+                f"train batch ({name}.training_args: per_device_train_batch_size "
+                f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
+                f"{args.gradient_accumulation_steps} x world size {train.world_size} = "
+                f"{step_samples}); adjust one of them"
             )
     lora = cfg.actor_train.model_args.lora_rank is not None
     algo = cfg.algorithm
-    if algo.adv_estimator == "gae" and cfg.critic is None:
-        problems.append("algorithm.adv_estimator: gae needs a critic role; configure `critic:`")
     if algo.kl_coef > 0 and not lora and cfg.reference is None:
         problems.append(
             "reference: algorithm.kl_coef > 0 needs reference log-probs; configure `reference:` "
@@ -276,6 +348,35 @@ def _check_pipeline(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> li
         problems.append(str(exc).replace("unknown weight_sync.transport", "weight_sync.transport:"))
     if not cfg.rewards:
         problems.append("rewards: no reward role; add e.g. rewards.math with reward_fns")
+    return problems
+
+
+def _check_algorithm(cfg: RLVRConfig) -> list[str]:
+    algo = cfg.algorithm
+    problems = []
+    if algo.adv_estimator not in ESTIMATOR_OPTIONS:
+        problems.append(
+            f"algorithm.adv_estimator: unknown advantage estimator {algo.adv_estimator!r}; valid: "
+            + ", ".join(sorted(ESTIMATOR_OPTIONS))
+        )
+    elif needs_critic(algo.adv_estimator) and cfg.critic is None:
+        problems.append(
+            f"critic: adv_estimator {algo.adv_estimator!r} needs a critic role (the value model); "
+            "configure `critic:` with strategy deepspeed_train (see "
+            "examples/qwen_rlvr/rlvr_ppo_gae_zero3.yaml)"
+        )
+    if algo.ppo_epochs < 1:
+        problems.append(f"algorithm.ppo_epochs: must be >= 1, got {algo.ppo_epochs}")
+    for key in ("gamma", "lam"):
+        value = getattr(algo, key)
+        if not 0.0 <= value <= 1.0:
+            problems.append(f"algorithm.{key}: must be in [0, 1], got {value}")
+    if algo.value_clip is not None and algo.value_clip <= 0:
+        problems.append(
+            f"algorithm.value_clip: must be > 0 (or null: no value clipping), got {algo.value_clip}"
+        )
+    if algo.vf_coef <= 0:
+        problems.append(f"algorithm.vf_coef: must be > 0, got {algo.vf_coef}")
     return problems
 
 

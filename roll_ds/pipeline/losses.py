@@ -1,7 +1,9 @@
-"""The actor's training loss, built from ``AlgorithmConfig`` and shipped to the training workers.
+"""The training losses, built from ``AlgorithmConfig`` and shipped to the training workers:
+``PolicyLoss`` for the actor, ``ValueLoss`` for the critic (adv_estimator gae).
 
-A frozen dataclass (picklable, no closures) called by the strategy once per micro batch with the
-trainer's fresh log-probs; everything else it reads travels in the micro batch.
+Frozen dataclasses (picklable, no closures) called by the strategy once per micro batch with the
+trainer's fresh log-probs (values, for the critic); everything else they read travels in the
+micro batch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from roll_ds.algorithms.aggregation import aggregate_loss
 from roll_ds.algorithms.kl import kl_loss
 from roll_ds.algorithms.policy_loss import ppo_policy_loss, tis_weights
+from roll_ds.algorithms.value_loss import value_loss
 from roll_ds.config.schema import AlgorithmConfig
 
 
@@ -95,3 +98,46 @@ class PolicyLoss:
             if self.entropy_coef:
                 loss = loss - self.entropy_coef * entropy
         return loss, out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValueLoss:
+    """``vf_coef`` x the clipped value loss of the critic's fresh values against the GAE returns,
+    clipped around the values of rollout time (micro-batch columns ``values``, ``returns``)."""
+
+    clip_range: float | None
+    coef: float
+    agg_mode: str
+    norm_constant: float | None = None
+    needs_entropy: bool = False
+
+    @classmethod
+    def from_config(cls, algo: AlgorithmConfig, response_length: int) -> ValueLoss:
+        return cls(
+            clip_range=algo.value_clip,
+            coef=algo.vf_coef,
+            agg_mode=algo.loss_agg_mode,
+            norm_constant=float(response_length),
+        )
+
+    def __call__(
+        self,
+        values_BT: torch.Tensor,
+        batch: dict[str, Any],
+        entropy_BT: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics = value_loss(
+            values_BT,
+            batch["values"],
+            batch["returns"],
+            batch["response_mask"],
+            clip_range=self.clip_range,
+            agg_mode=self.agg_mode,
+            norm_constant=self.norm_constant,
+        )
+        out = {
+            "critic/value_loss": float(loss.detach()),
+            "critic/vf_clipfrac": float(metrics["vf_clipfrac"]),
+            "critic/vpred_mean": float(metrics["vpred_mean"]),
+        }
+        return self.coef * loss, out

@@ -2,6 +2,10 @@
 
     weights -> rollout -> reward -> filter -> logprob -> advantage -> train -> log / checkpoint
 
+With a critic estimator (gae) the critic role computes the rollout's values in the logprob phase,
+the advantage phase turns them into advantages and returns, and the critic trains on the returns
+beside the actor.
+
 Everything that can fail on bad input (model path, data files, domain routing, algorithm names)
 is checked in ``__init__``, before any Ray actor starts; ``start()`` brings the roles up.
 """
@@ -12,24 +16,25 @@ import json
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from roll_ds.algorithms.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages
+from roll_ds.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from roll_ds.algorithms.aggregation import AGG_MODES
-from roll_ds.algorithms.kl import KL_ESTIMATORS, kl_penalty
-from roll_ds.algorithms.masks import masked_mean
-from roll_ds.algorithms.policy_loss import rollout_mismatch_metrics
+from roll_ds.algorithms.kl import KL_ESTIMATORS
 from roll_ds.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from roll_ds.config.estimators import needs_critic
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.dataset import load_jsonl_rows
 from roll_ds.data.sampler import PromptSampler
 from roll_ds.distributed.batch import Batch, object_array
 from roll_ds.models.embedded import resolve_pretrain
-from roll_ds.pipeline.losses import PolicyLoss
+from roll_ds.pipeline.advantage import batch_advantages
+from roll_ds.pipeline.losses import PolicyLoss, ValueLoss
+from roll_ds.pipeline.passes import merge_pass_metrics, pass_orders, schedule_steps
 from roll_ds.pipeline.rollout import domain_metrics, domain_routes, encode_prompt, group_has_signal
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
 from roll_ds.tracking import Tracker, plot_curves, read_metrics
@@ -46,6 +51,8 @@ TRAIN_KEYS = (
     "ref_logprobs",
     "rollout_logprobs",
 )
+# What the critic's workers need (ValueLoss reads these columns).
+CRITIC_KEYS = ("input_ids", "attention_mask", "response_mask", "values", "returns")
 
 
 @contextmanager
@@ -66,6 +73,15 @@ class RLVRPipeline:
         KL_ESTIMATORS.check(algo.kl_estimator)
         AGG_MODES.check(algo.loss_agg_mode)
         self.loss_fn = PolicyLoss.from_config(algo, cfg.response_length)
+        self.use_critic = needs_critic(algo.adv_estimator)
+        if self.use_critic and cfg.critic is None:
+            raise ValueError(
+                f"algorithm.adv_estimator {algo.adv_estimator!r} needs a critic role; configure "
+                "`critic:` (see examples/qwen_rlvr/rlvr_ppo_gae_zero3.yaml)"
+            )
+        self.value_loss_fn = (
+            ValueLoss.from_config(algo, cfg.response_length) if self.use_critic else None
+        )
 
         # Data first: malformed rows are reported before the model is built or loaded.
         self.train_rows = self._load_rows(cfg.actor_train.data_args)
@@ -115,6 +131,7 @@ class RLVRPipeline:
         from roll_ds.distributed.resource_manager import ResourceManager
         from roll_ds.pipeline.workers import (
             ActorTrainWorker,
+            CriticWorker,
             RewardWorker,
             RolloutWorker,
             StrategyWorker,
@@ -135,10 +152,15 @@ class RLVRPipeline:
         roles = {"actor_train": ActorTrainWorker, "actor_infer": RolloutWorker}
         if cfg.reference is not None:
             roles["reference"] = StrategyWorker
+        if self.use_critic:
+            roles["critic"] = CriticWorker
         for name, cls in roles.items():
             role_cfg = getattr(cfg, name)
+            role_ctx = ctx
+            if name in self._trained_roles:  # the LR schedule spans all its optimizer steps
+                role_ctx = replace(ctx, max_steps=schedule_steps(cfg, name))
             self.clusters[name] = Cluster(
-                name, cls, self.resources, init_args=(role_cfg, ctx), env=role_cfg.system_envs
+                name, cls, self.resources, init_args=(role_cfg, role_ctx), env=role_cfg.system_envs
             )
         for name, reward_cfg in cfg.rewards.items():
             self.clusters[f"rewards.{name}"] = Cluster(
@@ -164,6 +186,15 @@ class RLVRPipeline:
     @property
     def actor_infer(self):
         return self.clusters["actor_infer"]
+
+    @property
+    def critic(self):
+        return self.clusters["critic"]
+
+    @property
+    def _trained_roles(self) -> list[str]:
+        """Roles that train every step (their engines are in every checkpoint)."""
+        return ["actor_train", "critic"] if self.use_critic else ["actor_train"]
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -201,7 +232,13 @@ class RLVRPipeline:
         rows = read_metrics(self.out_dir / "metrics.jsonl")
         plot_curves(
             rows,
-            ["rollout/score", "rollout/accuracy", "eval/accuracy", "actor/pg_loss"],
+            [
+                "rollout/score",
+                "rollout/accuracy",
+                "eval/accuracy",
+                "actor/pg_loss",
+                "critic/value_loss",
+            ],
             self.out_dir / "curves.png",
         )
         return rows
@@ -214,18 +251,17 @@ class RLVRPipeline:
             batch, rollout_stats = self.rollout_and_score(step)
         inputs = batch.select("input_ids", "attention_mask", meta=False)
         with timed(timings, "logprobs"):
+            values = self.critic.submit("compute_values", inputs) if self.use_critic else None
             old = self.actor_train.compute_logprobs(inputs, key="old_logprobs")
             batch.tensors.update(old.tensors)
             if self.cfg.algorithm.kl_coef > 0:
                 batch.tensors.update(self.reference_logprobs(inputs).tensors)
+            if values is not None:
+                batch.tensors.update(values.get().tensors)
         with timed(timings, "advantage"):
             metrics = self.compute_advantages(batch)
-        train_keys = [k for k in TRAIN_KEYS if k in batch]
         with timed(timings, "train"):
-            per_rank = self.actor_train.train_step(
-                batch.select(*train_keys, meta=False), self.loss_fn
-            )
-        metrics.update(_mean_dicts(per_rank))
+            metrics.update(self.train(batch, step))
         metrics.update(rollout_stats)
         metrics.update(sync_metrics)
         metrics.update(timings)
@@ -239,7 +275,37 @@ class RLVRPipeline:
             self._dump_rollouts(step + 1, batch)
         return metrics
 
+    def train(self, batch: Batch, step: int) -> dict[str, float]:
+        """``algorithm.ppo_epochs`` passes of actor training over ``batch`` (and of the critic's,
+        side by side). Metrics: the actor's unprefixed (``grad_norm``, ``lr``, ...) as the loss
+        names them, the critic's under ``critic/``."""
+        jobs = {"actor_train": (TRAIN_KEYS, self.loss_fn)}
+        if self.use_critic:
+            jobs["critic"] = (CRITIC_KEYS, self.value_loss_fn)
+        parts = {
+            name: batch.select(*[k for k in keys if k in batch], meta=False)
+            for name, (keys, _) in jobs.items()
+        }
+        per_pass: dict[str, list[dict[str, float]]] = {name: [] for name in jobs}
+        seed = _step_seed(self.cfg.seed, step, 0)
+        for order in pass_orders(len(batch), self.cfg.algorithm.ppo_epochs, seed):
+            calls = {
+                name: self.clusters[name].submit("train_step", parts[name].index(order), loss_fn)
+                for name, (_, loss_fn) in jobs.items()
+            }
+            for name, call in calls.items():
+                per_pass[name].append(_mean_dicts(call.get()))
+        metrics = merge_pass_metrics(per_pass["actor_train"])
+        if self.use_critic:
+            critic = merge_pass_metrics(per_pass["critic"])
+            metrics.update({k if "/" in k else f"critic/{k}": v for k, v in critic.items()})
+        return metrics
+
     def _dump_rollouts(self, step: int, batch: Batch) -> None:
+        """One JSON row per sample; with a critic also its per-response-token ``values``,
+        ``returns`` and ``advantages`` (to inspect what the critic learns)."""
+        token_keys = ("values", "returns", "advantages") if self.use_critic else ()
+        mask = batch["response_mask"] > 0
         with open(self.out_dir / "rollouts.jsonl", "a") as f:
             for i in range(len(batch)):
                 row = {
@@ -249,6 +315,7 @@ class RLVRPipeline:
                     "response": batch["response_text"][i],
                     "score": float(batch["scores"][i]),
                 }
+                row.update({k: batch[k][i][mask[i]].tolist() for k in token_keys})
                 f.write(json.dumps(row) + "\n")
 
     # --- phases ----------------------------------------------------------------------------
@@ -410,32 +477,11 @@ class RLVRPipeline:
         return self.actor_train.compute_logprobs(inputs, key="ref_logprobs", disable_adapter=True)
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
-        algo = self.cfg.algorithm
-        mask = batch["response_mask"]
-        kl_BT = None
-        metrics: dict[str, float] = {}
-        if "ref_logprobs" in batch:
-            kl_BT = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], algo.kl_estimator)
-            metrics["actor/ref_kl"] = float(masked_mean(kl_BT, mask))
-        options = {}
-        if algo.adv_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-            options["gamma"] = algo.gamma
-        advantages, returns = compute_advantages(
-            algo.adv_estimator,
-            AdvantageInputs(
-                scores_B=batch["scores"],
-                response_mask_BT=mask,
-                group_size=self.cfg.num_return_sequences_in_group,
-                kl_BT=kl_BT if algo.kl_in_reward else None,
-                kl_coef=algo.kl_coef if algo.kl_in_reward else 0.0,
-                **options,
-            ),
+        """Add ``advantages`` (and the critic's ``returns``) to ``batch``; returns metrics."""
+        columns, metrics = batch_advantages(
+            self.cfg.algorithm, batch.tensors, self.cfg.num_return_sequences_in_group
         )
-        batch.tensors["advantages"] = advantages
-        mismatch = rollout_mismatch_metrics(batch["old_logprobs"], batch["rollout_logprobs"], mask)
-        metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
-        metrics["actor/advantage_mean"] = float(masked_mean(advantages, mask))
-        del returns
+        batch.tensors.update(columns)
         return metrics
 
     # --- evaluation and checkpoints --------------------------------------------------------
@@ -477,7 +523,12 @@ class RLVRPipeline:
 
     def save_checkpoint(self, step: int) -> Path:
         partial = self.checkpoints.begin(step)
-        self.actor_train.save_checkpoint(str(partial / "actor_train"), "engine")
+        saves = [
+            self.clusters[n].submit("save_checkpoint", str(partial / n), "engine")
+            for n in self._trained_roles
+        ]
+        for call in saves:
+            call.get()
         state = {
             "step": step,
             "sampler": self.sampler.state_dict(),
@@ -491,7 +542,18 @@ class RLVRPipeline:
             return 0
         path = self.checkpoints.resolve(self.cfg.resume_from_checkpoint)
         state = self.checkpoints.load_state(path)
-        self.actor_train.load_checkpoint(str(path / "actor_train"), "engine")
+        for name in self._trained_roles:
+            if not (path / name).is_dir():
+                raise FileNotFoundError(
+                    f"resume_from_checkpoint: {path} has no {name}/ state (saved by a run "
+                    f"without the {name} role?)"
+                )
+        loads = [
+            self.clusters[n].submit("load_checkpoint", str(path / n), "engine")
+            for n in self._trained_roles
+        ]
+        for call in loads:
+            call.get()
         self.sampler.load_state_dict(state["sampler"])
         restore_rng_state(state["rng"])
         logger.info("resumed from %s at step %d", path, state["step"])

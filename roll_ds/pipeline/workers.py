@@ -7,7 +7,7 @@ return a ``Batch`` the cluster concatenates in rank order; ``ALL`` methods run o
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from roll_ds.config.schema import RewardConfig, WorkerConfig
 from roll_ds.distributed.batch import Batch
@@ -19,6 +19,9 @@ from strategies.base import STRATEGIES, StrategyContext
 class StrategyWorker(Worker):
     """A rank of a model role (actor_train, actor_infer, reference, critic)."""
 
+    # Extra keyword arguments of the strategy's ``from_worker_config`` for this kind of role.
+    STRATEGY_KWARGS: ClassVar[dict[str, Any]] = {}
+
     def __init__(self, role_cfg: WorkerConfig, ctx: StrategyContext) -> None:
         super().__init__()
         self.role_cfg = role_cfg
@@ -28,7 +31,7 @@ class StrategyWorker(Worker):
     @register(Dispatch.ALL)
     def initialize(self) -> dict[str, Any]:
         cls = STRATEGIES.get(self.role_cfg.strategy_args.strategy_name)
-        self.strategy = cls.from_worker_config(self.role_cfg, self.ctx)
+        self.strategy = cls.from_worker_config(self.role_cfg, self.ctx, **self.STRATEGY_KWARGS)
         self.strategy.initialize()
         return {"rank": self.rank}
 
@@ -52,7 +55,9 @@ class StrategyWorker(Worker):
         self.strategy.reload_states()
 
 
-class ActorTrainWorker(StrategyWorker):
+class TrainWorker(StrategyWorker):
+    """A rank of a role that trains on the rollout batch (actor_train, critic)."""
+
     @register(Dispatch.DP, even=True)
     def train_step(self, batch: Batch, loss_fn: Any) -> dict[str, float]:
         tensors = dict(batch.tensors)
@@ -60,6 +65,28 @@ class ActorTrainWorker(StrategyWorker):
             tensors, loss_fn, with_entropy=getattr(loss_fn, "needs_entropy", False)
         )
 
+    @register(Dispatch.ALL)
+    def save_checkpoint(self, path: str, tag: str) -> None:
+        self.strategy.save_checkpoint(path, tag)
+
+    @register(Dispatch.ALL)
+    def load_checkpoint(self, path: str, tag: str) -> None:
+        self.strategy.load_checkpoint(path, tag)
+
+
+class CriticWorker(TrainWorker):
+    """A rank of the critic: the strategy holds a value model (``head="value"``)."""
+
+    STRATEGY_KWARGS: ClassVar[dict[str, Any]] = {"head": "value"}
+
+    @register(Dispatch.DP)
+    def compute_values(self, batch: Batch) -> Batch:
+        """``batch["values"]``: values ``[B, T-1]`` of ``input_ids`` (log-prob layout)."""
+        out = self.strategy.compute_values(batch["input_ids"], batch["attention_mask"])
+        return Batch({"values": out["values_BT"].float().cpu()})
+
+
+class ActorTrainWorker(TrainWorker):
     # --- weight sync (sender side; see roll_ds.weight_sync) ---------------------------------
 
     @register(Dispatch.ALL)
@@ -130,14 +157,6 @@ class ActorTrainWorker(StrategyWorker):
                 "transport's connect() builds it)"
             )
         return joined[0], joined[1]
-
-    @register(Dispatch.ALL)
-    def save_checkpoint(self, path: str, tag: str) -> None:
-        self.strategy.save_checkpoint(path, tag)
-
-    @register(Dispatch.ALL)
-    def load_checkpoint(self, path: str, tag: str) -> None:
-        self.strategy.load_checkpoint(path, tag)
 
     @register(Dispatch.ALL)
     def export_hf(self, path: str) -> dict[str, str]:

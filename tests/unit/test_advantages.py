@@ -210,3 +210,54 @@ def test_options_without_effect_are_rejected():
         _run("gae")
     with pytest.raises(ValueError, match="needs kl_BT"):
         _run("grpo", group_size=4, kl_coef=0.1)
+
+
+def test_whiten_advantages_applies_to_every_estimator():
+    # grpo, group 1 of SCORES_B: advantages +-a on 2 valid tokens per row, group 2: 0.
+    # Over the 16 valid tokens: mean 0, unbiased var = 8 a^2 / 15 -> whitened +-a / sqrt(var).
+    raw_BT, ret_BT = _run("grpo", group_size=4)
+    adv_BT, whitened_ret_BT = _run("grpo", group_size=4, whiten_advantages=True)
+    a = raw_BT[0, 0].item()
+    scale = 1 / math.sqrt(8 * a * a / 15 + 1e-8)
+    expected = [s * scale for s in raw_BT[:, 0].tolist()]
+    assert adv_BT[:, 0].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert adv_BT[:, 2].abs().max().item() == 0.0  # padding stays 0
+    torch.testing.assert_close(whitened_ret_BT, ret_BT)  # returns are never whitened
+    # dr_grpo: [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0] -> the same pattern at the same scale.
+    dr_BT, _ = _run("dr_grpo", group_size=4, whiten_advantages=True)
+    torch.testing.assert_close(dr_BT, adv_BT, rtol=1e-5, atol=1e-6)
+
+
+def test_whiten_advantages_on_a_shifted_batch():
+    # rloo, G = 2, rewards [3, 1] and [1, 1], one token each: raw [2, -2, 0, 0], mean 0,
+    # unbiased var 8/3 -> [2, -2, 0, 0] / sqrt(8/3).
+    adv_BT, _ = _run(
+        "rloo",
+        torch.tensor([3.0, 1.0, 1.0, 1.0]),
+        torch.ones(4, 1),
+        group_size=2,
+        whiten_advantages=True,
+    )
+    expected = torch.tensor([2.0, -2.0, 0.0, 0.0]) / math.sqrt(8 / 3 + 1e-8)
+    torch.testing.assert_close(adv_BT[:, 0], expected)
+
+
+def test_reinforce_plus_plus_is_already_whitened():
+    plain, _ = _run("reinforce_plus_plus", gamma=0.5)
+    again, _ = _run("reinforce_plus_plus", gamma=0.5, whiten_advantages=True)
+    assert torch.equal(plain, again)
+
+
+def test_registry_options_come_from_the_config_table():
+    from roll_ds.config.estimators import ESTIMATOR_OPTIONS, estimators_using, needs_critic
+
+    assert set(ADVANTAGE_ESTIMATORS.names()) == set(ESTIMATOR_OPTIONS)
+    for name in ESTIMATOR_OPTIONS:
+        assert ADVANTAGE_ESTIMATORS.get(name).options == ESTIMATOR_OPTIONS[name]
+    assert estimators_using("lam") == ["gae"]
+    assert estimators_using("gamma") == [
+        "gae",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+    ]
+    assert needs_critic("gae") and not needs_critic("grpo") and not needs_critic("nope")

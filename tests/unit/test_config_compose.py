@@ -114,3 +114,13 @@ def test_missing_strategy_name_is_reported_not_raised_raw():
     raw = compose_config("rlvr_lora_zero3", ["actor_infer.strategy_args.strategy_name=???"])
     with pytest.raises(ConfigError, match=r"actor_infer\.strategy_args\.strategy_name: required"):
         to_schema(raw)
+
+
+def test_ppo_gae_config_colocates_a_zero3_critic():
+    gae = load_config("rlvr_ppo_gae_zero3", check_files=False)
+    assert gae.algorithm.adv_estimator == "gae" and gae.algorithm.lam == 0.95
+    assert gae.critic.strategy_args.strategy_name == "deepspeed_train"
+    assert gae.critic.strategy_args.strategy_config == gae.actor_train.strategy_args.strategy_config
+    assert gae.critic.device_mapping == gae.actor_train.device_mapping
+    default = load_config("rlvr_lora_zero3", check_files=False)
+    assert default.algorithm.adv_estimator == "grpo" and default.critic is None

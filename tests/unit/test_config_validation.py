@@ -9,9 +9,9 @@ from roll_ds.config import ConfigError, load_config
 from roll_ds.config.compose import PROJECT_ROOT
 
 
-def problems(*overrides: str) -> list[str]:
+def problems(*overrides: str, config: str = "rlvr_lora_zero3") -> list[str]:
     with pytest.raises(ConfigError) as info:
-        load_config("rlvr_lora_zero3", list(overrides), check_files=False)
+        load_config(config, list(overrides), check_files=False)
     return info.value.problems
 
 
@@ -130,6 +130,75 @@ def test_all_problems_reported_at_once():
         "actor_train.model_args.dtype=fp8",
     )
     assert len(found) == 4, found
+
+
+def gae_only(*overrides: str) -> str:
+    found = problems(*overrides, config="rlvr_ppo_gae_zero3")
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_gae_needs_a_critic():
+    msg = only("algorithm.adv_estimator=gae")
+    assert msg.startswith("critic: adv_estimator 'gae' needs a critic role (the value model)")
+    assert "rlvr_ppo_gae_zero3.yaml" in msg
+
+
+def test_unknown_estimator_lists_valid_ones():
+    msg = only("algorithm.adv_estimator=ppo")
+    assert msg == (
+        "algorithm.adv_estimator: unknown advantage estimator 'ppo'; valid: dr_grpo, gae, grpo, "
+        "reinforce_plus_plus, reinforce_plus_plus_baseline, rloo"
+    )
+
+
+def test_critic_must_train():
+    msg = gae_only("critic.strategy_args.strategy_name=vllm")
+    assert msg == (
+        "critic.strategy_args.strategy_name: 'vllm' cannot train; use one of deepspeed_train"
+    )
+
+
+def test_critic_needs_a_deepspeed_config():
+    msg = gae_only("critic.strategy_args.strategy_config=null")
+    assert msg.startswith("critic.strategy_args.strategy_config: a DeepSpeed config is required")
+
+
+def test_critic_batch_arithmetic_names_the_critic():
+    msg = gae_only("critic.training_args.per_device_train_batch_size=24")
+    assert "16 x 8 = 128 samples per step is not a multiple of critic's train batch" in msg
+    assert (
+        "critic.training_args: per_device_train_batch_size 24 x gradient_accumulation_steps 2"
+        in msg
+    )
+
+
+def test_critic_devices_beyond_cluster():
+    msg = gae_only("critic.device_mapping=[0,5]")
+    assert msg.startswith("critic.device_mapping: device ids [5] are beyond the cluster")
+
+
+def test_critic_lora_rank():
+    msg = gae_only("critic.model_args.lora_rank=0")
+    assert msg == "critic.model_args.lora_rank: must be >= 1 or null (no LoRA), got 0"
+
+
+def test_algorithm_ranges():
+    found = problems(
+        "algorithm.ppo_epochs=0",
+        "algorithm.gamma=1.5",
+        "algorithm.lam=-0.1",
+        "algorithm.value_clip=0",
+        "algorithm.vf_coef=0",
+        config="rlvr_ppo_gae_zero3",
+    )
+    assert found == [
+        "algorithm.ppo_epochs: must be >= 1, got 0",
+        "algorithm.gamma: must be in [0, 1], got 1.5",
+        "algorithm.lam: must be in [0, 1], got -0.1",
+        "algorithm.value_clip: must be > 0 (or null: no value clipping), got 0.0",
+        "algorithm.vf_coef: must be > 0, got 0.0",
+    ]
 
 
 def test_missing_files_are_reported():

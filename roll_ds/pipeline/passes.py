@@ -1,0 +1,63 @@
+"""PPO epochs: the train step's ``algorithm.ppo_epochs`` passes over one rollout batch.
+
+The old log-probs (and the critic's old values) are columns of the batch, computed once before
+the first pass, so every pass clips against the same behaviour policy. Pass 0 takes the rows in
+rollout order (``ppo_epochs: 1`` is exactly the plain single pass); each later pass takes its own
+permutation from a generator seeded by ``(seed, pass)``, so a resumed run repeats it.
+
+A training role's LR schedule spans every optimizer step of the run (``schedule_steps``): each
+pass makes one per ``per_device_train_batch_size x gradient_accumulation_steps x world size``
+rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from roll_ds.config.schema import RLVRConfig
+
+SUMMED = ("optimizer_steps",)  # counted over passes; every other metric is averaged
+LAST = ("lr",)  # the LR of the last pass
+
+
+def pass_orders(num_rows: int, ppo_epochs: int, seed: int) -> list[list[int]]:
+    """Row order of each pass: identity first, then seeded permutations."""
+    if ppo_epochs < 1:
+        raise ValueError(f"algorithm.ppo_epochs must be >= 1, got {ppo_epochs}")
+    orders = [list(range(num_rows))]
+    for epoch in range(1, ppo_epochs):
+        generator = torch.Generator().manual_seed(seed * 1_000 + epoch)
+        orders.append(torch.randperm(num_rows, generator=generator).tolist())
+    return orders
+
+
+def merge_pass_metrics(per_pass: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One metrics dict for the step: ``optimizer_steps`` summed over passes, ``lr`` the last
+    pass's, every other key averaged over the passes that report it."""
+    merged: dict[str, float] = {}
+    keys = sorted(set().union(*per_pass)) if per_pass else []
+    for key in keys:
+        values = [m[key] for m in per_pass if key in m]
+        if key in SUMMED:
+            merged[key] = sum(values)
+        elif key in LAST:
+            merged[key] = values[-1]
+        else:
+            merged[key] = sum(values) / len(values)
+    return merged
+
+
+def schedule_steps(cfg: RLVRConfig, role: str) -> int:
+    """Optimizer steps ``role`` (actor_train or critic) makes over the run: ``max_steps`` x
+    ``ppo_epochs`` x the steps of one pass over ``rollout_batch_size x group`` rows."""
+    from roll_ds.config.validate import placement
+
+    role_cfg = getattr(cfg, role)
+    args = role_cfg.training_args
+    rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    world_size = placement(role, role_cfg).world_size
+    rows = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+    per_pass = max(1, rows // (rows_per_step * world_size))
+    return cfg.max_steps * cfg.algorithm.ppo_epochs * per_pass
