@@ -91,6 +91,7 @@ def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
             "eval_steps=0",
             "save_steps=0",
             "tracking.tensorboard=false",
+            "tracking.dump_rollouts_every=0",
             f"output_dir={out_dir}",
             f"exp_name=bench_{name}",
             *overrides,

@@ -35,6 +35,9 @@ class StrategyContext:
     max_steps: int  # optimizer steps an LR schedule spans (per training role, all passes)
     response_length: int  # default max_new_tokens for generation
     stop_token_ids: tuple[int, ...] = ()
+    # Rollouts are sampled from softmax(logits / T): the log-probs the trainer and the reference
+    # compute (and train on) are of that same distribution. 1.0 for greedy or untempered rollouts.
+    logprob_temperature: float = 1.0
 
 
 STRATEGY_SPECS: dict[str, StrategySpec] = {
@@ -61,9 +64,15 @@ class InferenceStrategy(Protocol):
         """Load the model (and build process groups / engines) on this worker."""
 
     def compute_logprobs(
-        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, *, with_entropy: bool
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        *,
+        with_entropy: bool,
+        temperature: float | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Log-probs of ``input_ids[:, 1:]`` (``logprobs_BT``), optionally ``entropy_BT``."""
+        """Log-probs of ``input_ids[:, 1:]`` (``logprobs_BT``), optionally ``entropy_BT``, under
+        ``softmax(logits / temperature)``; None: the context's ``logprob_temperature``."""
 
     def offload_states(self) -> None:
         """Free accelerator memory (colocation); a no-op on CPU."""

@@ -19,7 +19,12 @@ from roll_ds.models.loading import load_causal_lm, resolve_model_path
 from roll_ds.platform import current_platform
 from strategies import _common
 from strategies.base import StrategyContext
-from strategies.deepspeed_train import _batched_logprobs, _plain, _release_zero3_params
+from strategies.deepspeed_train import (
+    _batched_logprobs,
+    _check_temperature,
+    _plain,
+    _release_zero3_params,
+)
 
 
 class DeepSpeedInferStrategy:
@@ -31,8 +36,10 @@ class DeepSpeedInferStrategy:
         model_args: ModelArgs | None = None,
         infer_batch_size: int = 8,
         seed: int = 42,
+        logprob_temperature: float = 1.0,
     ) -> None:
         self.model_path = model_path
+        self.logprob_temperature = _check_temperature(logprob_temperature)
         self.strategy_config = _plain(strategy_config)
         self.model_args = model_args or ModelArgs()
         self.infer_batch_size = infer_batch_size
@@ -49,6 +56,7 @@ class DeepSpeedInferStrategy:
             model_args=worker.model_args,
             infer_batch_size=worker.infer_batch_size,
             seed=ctx.seed,
+            logprob_temperature=ctx.logprob_temperature,
         )
 
     def initialize(self) -> None:
@@ -99,8 +107,10 @@ class DeepSpeedInferStrategy:
         attention_mask_BT: torch.Tensor,
         *,
         with_entropy: bool = False,
+        temperature: float | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``); all ranks call it together."""
+        """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``) at ``temperature`` (None: the
+        rollouts' ``logprob_temperature``); all ranks call it together."""
         try:
             return _batched_logprobs(
                 self.engine,
@@ -110,6 +120,7 @@ class DeepSpeedInferStrategy:
                 with_entropy=with_entropy,
                 device=self.device,
                 lockstep=self.zero_stage == 3 and self.world_size > 1,
+                temperature=self.logprob_temperature if temperature is None else temperature,
             )
         finally:
             _release_zero3_params(self.engine)

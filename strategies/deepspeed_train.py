@@ -66,10 +66,12 @@ class DeepSpeedTrainStrategy:
         max_steps: int = 1,
         infer_batch_size: int = 8,
         head: str = "lm",
+        logprob_temperature: float = 1.0,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
         self.head = head
+        self.logprob_temperature = _check_temperature(logprob_temperature)
         self.model_path = model_path
         self.strategy_config = _plain(strategy_config)
         self.model_args = model_args or ModelArgs()
@@ -94,6 +96,7 @@ class DeepSpeedTrainStrategy:
             max_steps=ctx.max_steps,
             infer_batch_size=worker.infer_batch_size,
             head=head,
+            logprob_temperature=ctx.logprob_temperature,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -154,14 +157,20 @@ class DeepSpeedTrainStrategy:
         attention_mask_BT: torch.Tensor,
         *,
         with_entropy: bool = False,
+        temperature: float | None = None,
     ) -> dict[str, torch.Tensor]:
-        """``{"logprobs_BT"[, "entropy_BT"]}``, or ``{"values_BT"}`` for ``head="value"``."""
+        """``{"logprobs_BT"[, "entropy_BT"]}`` at ``temperature`` (None: the rollouts'), or
+        ``{"values_BT"}`` for ``head="value"``."""
         if self.head == "value":
             if with_entropy:
                 raise ValueError("a value model has no token distribution (with_entropy=True)")
             return {"values_BT": forward_values(model, input_ids_BT, attention_mask_BT)}
         return _common.forward_logprobs(
-            model, input_ids_BT, attention_mask_BT, with_entropy=with_entropy
+            model,
+            input_ids_BT,
+            attention_mask_BT,
+            with_entropy=with_entropy,
+            temperature=self.logprob_temperature if temperature is None else temperature,
         )
 
     def _require_head(self, head: str, what: str) -> None:
@@ -317,16 +326,20 @@ class DeepSpeedTrainStrategy:
         *,
         with_entropy: bool = False,
         disable_adapter: bool = False,
+        temperature: float | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Log-probs (``[B, T-1]``) of the current policy; ``disable_adapter=True`` gives the
-        LoRA base model's (the reference policy under LoRA) from the same engine."""
+        """Log-probs (``[B, T-1]``) of the current policy at ``temperature`` (None: the
+        rollouts' ``logprob_temperature``); ``disable_adapter=True`` gives the LoRA base model's
+        (the reference policy under LoRA) from the same engine."""
         self._require_head("lm", "compute_logprobs")
         if disable_adapter and not self.is_lora:
             raise ValueError("disable_adapter=True needs a LoRA model (model_args.lora_rank)")
         ctx = self.module.disable_adapter() if disable_adapter else contextlib.nullcontext()
         with ctx:
             return self._infer(
-                functools.partial(self._forward, self.engine, with_entropy=with_entropy),
+                functools.partial(
+                    self._forward, self.engine, with_entropy=with_entropy, temperature=temperature
+                ),
                 input_ids_BT,
                 attention_mask_BT,
                 ("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
@@ -501,6 +514,14 @@ class DeepSpeedTrainStrategy:
 # helpers shared with deepspeed_infer
 
 
+def _check_temperature(temperature: float) -> float:
+    if not temperature > 0:
+        raise ValueError(
+            f"logprob_temperature must be > 0, got {temperature} (greedy rollouts use 1.0)"
+        )
+    return float(temperature)
+
+
 def _batched_logprobs(
     model: Any,
     input_ids_BT: torch.Tensor,
@@ -510,10 +531,13 @@ def _batched_logprobs(
     with_entropy: bool,
     device: torch.device,
     lockstep: bool,
+    temperature: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) in chunks of ``batch_size``; see ``_batched_forward``."""
     return _batched_forward(
-        lambda ids, mask: _common.forward_logprobs(model, ids, mask, with_entropy=with_entropy),
+        lambda ids, mask: _common.forward_logprobs(
+            model, ids, mask, with_entropy=with_entropy, temperature=temperature
+        ),
         input_ids_BT,
         attention_mask_BT,
         batch_size=batch_size,

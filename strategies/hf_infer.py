@@ -34,7 +34,11 @@ class HfInferStrategy:
         seed: int = 42,
         max_new_tokens: int = 32,
         stop_token_ids: Sequence[int] = (),
+        logprob_temperature: float = 1.0,
     ) -> None:
+        if not logprob_temperature > 0:
+            raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature}")
+        self.logprob_temperature = float(logprob_temperature)
         self.model_path = model_path
         self.model_args = model_args or ModelArgs()
         self.generating_args = generating_args or GeneratingArgs()
@@ -55,6 +59,7 @@ class HfInferStrategy:
             seed=ctx.seed,
             max_new_tokens=ctx.response_length,
             stop_token_ids=ctx.stop_token_ids,
+            logprob_temperature=ctx.logprob_temperature,
         )
 
     def initialize(self) -> None:
@@ -74,9 +79,11 @@ class HfInferStrategy:
         attention_mask_BT: torch.Tensor,
         *,
         with_entropy: bool = False,
+        temperature: float | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, fp32 on CPU), ``infer_batch_size``
-        rows per forward."""
+        """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, fp32 on CPU) at ``temperature``
+        (None: the rollouts' ``logprob_temperature``), ``infer_batch_size`` rows per forward."""
+        temperature = self.logprob_temperature if temperature is None else temperature
         parts: dict[str, list[torch.Tensor]] = {}
         for start, stop in _common.iter_chunks(input_ids_BT.shape[0], self.infer_batch_size):
             out = _common.forward_logprobs(
@@ -84,6 +91,7 @@ class HfInferStrategy:
                 input_ids_BT[start:stop].to(self.device),
                 attention_mask_BT[start:stop].to(self.device),
                 with_entropy=with_entropy,
+                temperature=temperature,
             )
             for k, v in out.items():
                 parts.setdefault(k, []).append(v.float().cpu())
@@ -106,7 +114,8 @@ class HfInferStrategy:
         ``generating_args``). Same result shape as the vllm strategy: flat per-sample lists,
         sample ``j`` of prompt ``i`` at row ``i * n + j``: ``prompt_index``, ``sample_index``,
         ``response_ids`` (a stop token included), ``logprobs`` (the sampled tokens' log-probs
-        under the raw model distribution, before temperature / top-p, like vLLM's default),
+        under the distribution they were drawn from: after temperature and top-k/top-p, like
+        the vllm strategy's),
         ``finish_reason`` (``"stop"`` or ``"length"``), ``stop_reason`` (None)."""
         g = self.generating_args
         n = n if n is not None else g.num_return_sequences
@@ -126,7 +135,7 @@ class HfInferStrategy:
             pad_token_id=pad_id,
             eos_token_id=sorted(stops) or None,
             return_dict_in_generate=True,
-            output_logits=True,
+            output_scores=True,  # the logits after temperature and top-k/top-p
         )
         if temperature > 0:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
@@ -137,7 +146,7 @@ class HfInferStrategy:
                 input_ids=ids_BT.to(self.device), attention_mask=mask_BT.to(self.device), **kwargs
             )
         new_BT = out.sequences[:, ids_BT.shape[1] :].cpu()
-        logits_BTV = torch.stack(out.logits, dim=1).float().cpu()
+        logits_BTV = torch.stack(out.scores, dim=1).float().cpu()
         logprobs_BT = _common.logprobs_from_logits(logits_BTV, new_BT)
         result: dict[str, list[Any]] = {k: [] for k in RESULT_KEYS}
         for row, (ids, lps) in enumerate(zip(new_BT.tolist(), logprobs_BT.tolist(), strict=True)):

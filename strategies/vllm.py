@@ -10,12 +10,14 @@ unless ``strategy_config`` says otherwise), so stop tokens are explicit: pass th
 eos id(s) as ``stop_token_ids`` (eos ids declared in the model's ``generation_config.json`` are
 honoured by vLLM on its own).
 
-Log-probs. vLLM's ``logprobs_mode`` is pinned to ``raw_logprobs``: each returned value is
-``log_softmax(logits)[sampled token]`` of the *model*, before temperature, top-k/top-p and
-penalties. That is what the trainer computes for the same tokens, so at ``temperature=1.0`` with
-no top-k/top-p it is also the log-prob of the distribution the token was drawn from; under
-temperature or truncation it is not (``processed_logprobs`` would return the post-temperature,
-renormalised values; set ``logprobs_mode`` in ``strategy_config`` to get them).
+Log-probs. vLLM's ``logprobs_mode`` is ``processed_logprobs``: each sampled token's value is its
+log-prob under the distribution it was actually drawn from, ``log_softmax(logits / T)`` after
+top-k/top-p truncation. The trainer computes ``log_softmax(logits / T)`` for the same tokens
+(``StrategyContext.logprob_temperature``), so the two agree whatever the temperature, and differ
+only where top-k/top-p cut the distribution, which is what the train/inference mismatch metrics
+and the truncated importance-sampling correction are for. At ``T = 1`` without truncation this
+equals ``raw_logprobs``. Prompt-token log-probs (``compute_logprobs``, the weight-sync parity
+probe) are always the raw model's, at temperature 1.
 
 Seeds. With a seed, prompt ``i``'s request gets seed ``request_seed(seed, i)`` and vLLM gives its
 ``j``-th sample ``request_seed + j``: the samples are reproducible for a fixed seed, each
@@ -184,17 +186,18 @@ def llm_kwargs(
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(VLLM_DTYPES)}")
     kwargs: dict[str, Any] = {
         "skip_tokenizer_init": True,
-        "logprobs_mode": "raw_logprobs",
+        "logprobs_mode": "processed_logprobs",
     }
     if is_cuda:
         kwargs["enable_sleep_mode"] = True  # offload_states / reload_states
     elif "gpu_memory_utilization" not in user:
         kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     kwargs.update(user)
-    if kwargs["logprobs_mode"] != "raw_logprobs":
+    if kwargs["logprobs_mode"] != "processed_logprobs":
         warnings.warn(
             f"vllm logprobs_mode={kwargs['logprobs_mode']!r}: rollout log-probs are no longer "
-            "the model's raw log-probs the trainer computes",
+            "those of the sampling distribution (softmax(logits / temperature)) the trainer "
+            "computes; the mismatch metrics and TIS then compare different things",
             stacklevel=2,
         )
     kwargs.update(
@@ -375,6 +378,16 @@ class VllmStrategy:
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
         return stats[0]
+
+    def receive_weights(self, plane: str) -> dict[str, Any]:
+        """The receiving side of a transport sync: every vLLM worker reads one sync from the
+        group it joined on ``plane`` (see ``vllm_worker_ext``) into one reload, then the prefix
+        cache is dropped. Returns worker 0's counts plus ``workers``."""
+        self._require_awake("weights")
+        per_worker = self.llm.collective_rpc("roll_ds_receive_weights", args=(plane,))
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
+        return {**per_worker[0], "workers": len(per_worker)}
 
     # -----------------------------------------------------------------------------------------
     # colocation

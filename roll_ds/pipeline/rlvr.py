@@ -148,6 +148,7 @@ class RLVRPipeline:
             max_steps=cfg.max_steps,
             response_length=cfg.response_length,
             stop_token_ids=(eos,) if eos is not None else (),
+            logprob_temperature=rollout_temperature(cfg),
         )
         roles = {"actor_train": ActorTrainWorker, "actor_infer": RolloutWorker}
         if cfg.reference is not None:
@@ -175,9 +176,15 @@ class RLVRPipeline:
             call.get()
 
     def shutdown(self) -> None:
+        """Stop every role's actors and give their placement groups back, so the same Ray
+        session can start another pipeline (benchmarks and tests do)."""
         for cluster in self.clusters.values():
             cluster.shutdown()
         self.clusters = {}
+        resources = getattr(self, "resources", None)
+        if resources is not None:
+            resources.release()
+            self.resources = None
 
     @property
     def actor_train(self):
@@ -306,6 +313,7 @@ class RLVRPipeline:
         ``returns`` and ``advantages`` (to inspect what the critic learns)."""
         token_keys = ("values", "returns", "advantages") if self.use_critic else ()
         mask = batch["response_mask"] > 0
+        self.out_dir.mkdir(parents=True, exist_ok=True)  # also when stepped without run()
         with open(self.out_dir / "rollouts.jsonl", "a") as f:
             for i in range(len(batch)):
                 row = {
@@ -558,6 +566,14 @@ class RLVRPipeline:
         restore_rng_state(state["rng"])
         logger.info("resumed from %s at step %d", path, state["step"])
         return int(state["step"])
+
+
+def rollout_temperature(cfg: RLVRConfig) -> float:
+    """The temperature rollouts are sampled at, which every log-prob the trainer and the
+    reference compute uses too (PPO's ratio and the KL are then of the sampling policy);
+    1.0 for greedy rollouts."""
+    temperature = cfg.actor_infer.generating_args.temperature
+    return float(temperature) if temperature > 0 else 1.0
 
 
 def _step_seed(seed: int, step: int, round_: int) -> int:

@@ -37,10 +37,18 @@ class StrategyWorker(Worker):
 
     @register(Dispatch.DP)
     def compute_logprobs(
-        self, batch: Batch, *, key: str = "logprobs", disable_adapter: bool = False
+        self,
+        batch: Batch,
+        *,
+        key: str = "logprobs",
+        disable_adapter: bool = False,
+        temperature: float | None = None,
     ) -> Batch:
-        """``batch[key]``: log-probs ``[B, T-1]`` of ``input_ids`` under this role's model."""
-        kwargs = {"disable_adapter": True} if disable_adapter else {}
+        """``batch[key]``: log-probs ``[B, T-1]`` of ``input_ids`` under this role's model, at
+        ``temperature`` (None: the rollouts' sampling temperature)."""
+        kwargs: dict[str, Any] = {"disable_adapter": True} if disable_adapter else {}
+        if temperature is not None:
+            kwargs["temperature"] = temperature
         out = self.strategy.compute_logprobs(
             batch["input_ids"], batch["attention_mask"], with_entropy=False, **kwargs
         )
@@ -224,12 +232,7 @@ class RolloutWorker(StrategyWorker):
         prefix cache."""
         start = time.perf_counter()
         if self._is_vllm:
-            self.strategy._require_awake("weights")
-            llm = self.strategy.llm
-            per_worker = llm.collective_rpc("roll_ds_receive_weights", args=(plane,))
-            if not llm.reset_prefix_cache():
-                raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
-            stats = {**per_worker[0], "workers": len(per_worker)}
+            stats = self.strategy.receive_weights(plane)
         else:
             from roll_ds.weight_sync.collective import ReceiveStream, receive_into
 

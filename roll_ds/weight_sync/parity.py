@@ -109,7 +109,9 @@ def check_parity(
 
     start = time.perf_counter()
     batch = Batch(dict(probe))
-    trainer = train.submit("compute_logprobs", batch, key="logprobs")
+    # vLLM scores prompt tokens with the raw model distribution, whatever the sampling
+    # temperature, so the trainer's side is taken at temperature 1 too.
+    trainer = train.submit("compute_logprobs", batch, key="logprobs", temperature=1.0)
     rollout = infer.submit("probe_logprobs", batch)
     trainer_BT = trainer.get()["logprobs"]
     rollout_BT = rollout.get()

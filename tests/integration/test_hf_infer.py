@@ -66,6 +66,24 @@ def test_hf_infer_logprobs_generate_and_load(tiny_qwen2_dir):
         scored = s.compute_logprobs(seq, torch.ones_like(seq))["logprobs_BT"][0, -len(resp) :]
         torch.testing.assert_close(torch.tensor(lps), scored, atol=1e-4, rtol=0)
 
+    # Log-probs at the rollout temperature (the context's default, or per call), for scoring
+    # and for generate's sampled tokens alike.
+    tempered = _hf(tiny_qwen2_dir, logprob_temperature=0.7)
+    expected = torch.log_softmax(logits[:, :-1].float() / 0.7, -1)
+    expected = expected.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    got = tempered.compute_logprobs(batch["input_ids"], batch["attention_mask"])["logprobs_BT"]
+    mask = batch["attention_mask"][:, 1:].bool()
+    torch.testing.assert_close(got[mask], expected[mask], atol=ATOL, rtol=0)
+    at_one = tempered.compute_logprobs(batch["input_ids"], batch["attention_mask"], temperature=1)
+    torch.testing.assert_close(at_one["logprobs_BT"], out["logprobs_BT"], atol=ATOL, rtol=0)
+    hot = s.generate(prompts, temperature=0.7)
+    for i, (resp, lps) in enumerate(zip(hot["response_ids"], hot["logprobs"], strict=True)):
+        seq = torch.tensor([prompts[hot["prompt_index"][i]] + resp])
+        scored = tempered.compute_logprobs(seq, torch.ones_like(seq))["logprobs_BT"]
+        torch.testing.assert_close(torch.tensor(lps), scored[0, -len(resp) :], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="logprob_temperature must be > 0"):
+        _hf(tiny_qwen2_dir, logprob_temperature=0.0)
+
     # load_weights: HF names incl. the tied head; a zeroed model scores uniform log-probs.
     names = [n for n, _ in s.model.named_parameters(remove_duplicate=False)]
     s.load_weights((n, torch.zeros_like(p)) for n, p in s.model.named_parameters())
@@ -83,7 +101,12 @@ def test_strategies_build_from_worker_config(tiny_qwen2_dir):
     from strategies.base import STRATEGIES, StrategyContext
 
     ctx = StrategyContext(
-        pretrain=tiny_qwen2_dir, seed=7, max_steps=30, response_length=9, stop_token_ids=(3,)
+        pretrain=tiny_qwen2_dir,
+        seed=7,
+        max_steps=30,
+        response_length=9,
+        stop_token_ids=(3,),
+        logprob_temperature=0.7,
     )
     worker = WorkerConfig(
         strategy_args=StrategyArgs(strategy_name="deepspeed_train", strategy_config=preset(3)),
@@ -103,6 +126,7 @@ def test_strategies_build_from_worker_config(tiny_qwen2_dir):
     assert infer.infer_batch_size == 5
     hf = STRATEGIES.get("hf_infer").from_worker_config(worker, ctx)
     assert (hf.max_new_tokens, hf.stop_token_ids) == (9, [3])
+    assert train.logprob_temperature == infer.logprob_temperature == hf.logprob_temperature == 0.7
 
 
 def _agreement(model_path: str) -> dict:
@@ -121,6 +145,10 @@ def _agreement(model_path: str) -> dict:
     got = train.compute_logprobs(ids, mask, with_entropy=True)
     res["train_vs_hf"] = (got["logprobs_BT"] - expected["logprobs_BT"]).abs().max().item()
     res["train_entropy_vs_hf"] = (got["entropy_BT"] - expected["entropy_BT"]).abs().max().item()
+    hot = train.compute_logprobs(ids, mask, temperature=0.7)["logprobs_BT"]
+    res["train_vs_hf_at_0.7"] = (
+        (hot - hf.compute_logprobs(ids, mask, temperature=0.7)["logprobs_BT"]).abs().max().item()
+    )
 
     # After training, the synced weights loaded into hf_infer score like the engine.
     train.train_step(rank_batch(train.rank), nll_loss)
@@ -156,6 +184,7 @@ def test_logprobs_agree_across_strategies(tiny_qwen2_dir):
     results = run_distributed(_agreement, world_size=2, args=(tiny_qwen2_dir,), timeout_s=300)
     for rank, res in enumerate(results):
         assert res["train_vs_hf"] <= ATOL and res["train_entropy_vs_hf"] <= ATOL, (rank, res)
+        assert res["train_vs_hf_at_0.7"] <= ATOL, (rank, res)
         assert res["trained_vs_hf_synced"] <= ATOL and res["trained_moved"] > 1e-3, (rank, res)
         assert res["infer_partitioned"], res
         assert res["infer_rows"] == (5, 0)[rank]

@@ -49,18 +49,30 @@ def prompts(count: int, length: int, offset: int = 0) -> list[list[int]]:
 
 
 @torch.no_grad()
-def hf_sampled_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+def hf_sampled_logprobs(
+    model, prompt: list[int], response: list[int], temperature: float = 1.0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Log-probs of ``response`` under softmax(logits / temperature), renormalised over the
+    top-p nucleus as vLLM's sampler builds it (sort ascending, drop the tokens whose cumulative
+    probability stays within 1 - top_p)."""
     ids = torch.tensor([prompt + response])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    if top_p < 1.0:
+        ascending, order = logits.sort(-1)
+        dropped = ascending.softmax(-1).cumsum(-1) <= 1 - top_p
+        dropped[:, -1] = False
+        logits = logits.scatter(-1, order, ascending.masked_fill(dropped, float("-inf")))
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
-def max_logprob_gap(model, batch: list[list[int]], out: dict) -> float:
+def max_logprob_gap(
+    model, batch: list[list[int]], out: dict, temperature: float = 1.0, top_p: float = 1.0
+) -> float:
     gap = 0.0
     for i, response, got in zip(
         out["prompt_index"], out["response_ids"], out["logprobs"], strict=True
     ):
-        ref = hf_sampled_logprobs(model, batch[i], response)
+        ref = hf_sampled_logprobs(model, batch[i], response, temperature, top_p)
         gap = max(gap, (ref - torch.tensor(got)).abs().max().item())
     return gap
 
@@ -82,17 +94,20 @@ def test_samples_are_reproducible_per_seed(engine):
     assert len({tuple(r) for r in first["response_ids"]}) == 12
 
 
-@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
-def test_logprobs_match_hf_forward(engine, hf_model, temperature, top_p):
-    """Raw log-probs: the model's, whatever temperature / top-p the tokens were drawn with."""
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 1.0), (0.7, 0.9)])
+def test_logprobs_are_those_of_the_sampling_distribution(engine, hf_model, temperature, top_p):
+    """Each sampled token's log-prob under the distribution it was drawn from: HF's
+    log_softmax(logits / T), renormalised over the top-p nucleus when there is one."""
     batch = prompts(4, 10) + prompts(2, 40, offset=5)
     out = engine.generate(
         batch, n=2, max_new_tokens=24, temperature=temperature, top_p=top_p, seed=7,
         ignore_eos=True,
     )  # fmt: skip
-    gap = max_logprob_gap(hf_model, batch, out)
+    gap = max_logprob_gap(hf_model, batch, out, temperature, top_p)
     print(f"\nmax |logprob vLLM - HF| (T={temperature}, top_p={top_p}): {gap:.2e}")
     assert gap <= TOL
+    if temperature != 1.0:  # and they are not the raw model's
+        assert max_logprob_gap(hf_model, batch, out) > 100 * TOL
 
 
 def test_stop_token_ends_a_sample_and_length_caps_it(engine):

@@ -137,7 +137,7 @@ def test_llm_kwargs_cpu_defaults():
     kw = engine_args()
     assert kw["model"] == "/m" and kw["dtype"] == "bfloat16" and kw["seed"] == 1
     assert kw["tensor_parallel_size"] == 2
-    assert kw["logprobs_mode"] == "raw_logprobs"
+    assert kw["logprobs_mode"] == "processed_logprobs"
     assert kw["skip_tokenizer_init"] is True
     assert kw["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
     assert kw["worker_extension_cls"] == WORKER_EXTENSION
@@ -161,11 +161,9 @@ def test_llm_kwargs_reject_keys_the_strategy_owns():
                    strategy_config=None, is_cuda=False)  # fmt: skip
 
 
-def test_llm_kwargs_warn_on_processed_logprobs():
-    with pytest.warns(UserWarning, match="raw log-probs"):
-        assert engine_args({"logprobs_mode": "processed_logprobs"})["logprobs_mode"] == (
-            "processed_logprobs"
-        )
+def test_llm_kwargs_warn_when_rollout_logprobs_leave_the_sampling_distribution():
+    with pytest.warns(UserWarning, match="softmax\\(logits / temperature\\)"):
+        assert engine_args({"logprobs_mode": "raw_logprobs"})["logprobs_mode"] == "raw_logprobs"
 
 
 def test_worker_extension_path_resolves():
