@@ -2,6 +2,8 @@
 
     python benchmarks/rlvr_step.py                      # embedded default + a ~20M-parameter model
     python benchmarks/rlvr_step.py --models embedded --steps 6 --out /tmp/rlvr_step.json
+    python benchmarks/rlvr_step.py --out /tmp/zero2.json \
+        'actor_train.strategy_args.strategy_config=${deepspeed_zero2}'   # any config override
 
 For each model the pipeline (Ray, DeepSpeed ZeRO-3 LoRA trainer ranks, vLLM, reward actors) is
 started once, a warm-up step is dropped, and the median of the remaining steps is reported for
@@ -132,14 +134,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/rlvr_step.json")
     parser.add_argument("--work-dir", default="output/benchmarks")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="extra config overrides for every model, e.g. "
+        '"actor_train.strategy_args.strategy_config=${deepspeed_zero2}"',
+    )
     args = parser.parse_args()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
 
     results = []
     for name in args.models:
-        results.append(bench(name, model_overrides(name, work), args.steps, work))
+        overrides = [*model_overrides(name, work), *args.overrides]
+        results.append(bench(name, overrides, args.steps, work))
         r = results[-1]
+        r["overrides"] = args.overrides
         phases = "  ".join(f"{p} {r['median_s'][p]:.2f}s" for p in PHASES)
         print(
             f"{name:10s} start {r['start_s']:.1f}s | {phases} | "
