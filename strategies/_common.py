@@ -50,6 +50,15 @@ def position_ids_from_mask(attention_mask_BT: torch.Tensor) -> torch.Tensor:
     return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def check_temperature(temperature: float) -> float:
+    """``temperature`` as a float; log-probs of softmax(logits / T) need T > 0."""
+    if not temperature > 0:
+        raise ValueError(
+            f"logprob_temperature must be > 0, got {temperature} (greedy rollouts use 1.0)"
+        )
+    return float(temperature)
+
+
 def forward_logprobs(
     model: Any,
     input_ids_BT: torch.Tensor,

@@ -18,13 +18,8 @@ from roll_ds.config.schema import ModelArgs, WorkerConfig
 from roll_ds.models.loading import load_causal_lm, resolve_model_path
 from roll_ds.platform import current_platform
 from strategies import _common
+from strategies._zero import batched_logprobs, plain_strategy_config, release_zero3_params
 from strategies.base import StrategyContext
-from strategies.deepspeed_train import (
-    _batched_logprobs,
-    _check_temperature,
-    _plain,
-    _release_zero3_params,
-)
 
 
 class DeepSpeedInferStrategy:
@@ -39,8 +34,8 @@ class DeepSpeedInferStrategy:
         logprob_temperature: float = 1.0,
     ) -> None:
         self.model_path = model_path
-        self.logprob_temperature = _check_temperature(logprob_temperature)
-        self.strategy_config = _plain(strategy_config)
+        self.logprob_temperature = _common.check_temperature(logprob_temperature)
+        self.strategy_config = plain_strategy_config(strategy_config)
         self.model_args = model_args or ModelArgs()
         self.infer_batch_size = infer_batch_size
         self.seed = seed
@@ -112,7 +107,7 @@ class DeepSpeedInferStrategy:
         """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``) at ``temperature`` (None: the
         rollouts' ``logprob_temperature``); all ranks call it together."""
         try:
-            return _batched_logprobs(
+            return batched_logprobs(
                 self.engine,
                 input_ids_BT,
                 attention_mask_BT,
@@ -123,7 +118,7 @@ class DeepSpeedInferStrategy:
                 temperature=self.logprob_temperature if temperature is None else temperature,
             )
         finally:
-            _release_zero3_params(self.engine)
+            release_zero3_params(self.engine)
 
     def offload_states(self) -> None:
         """Nothing to move: ZeRO-3 inference keeps only its parameter shard (use the preset's

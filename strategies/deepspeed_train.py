@@ -42,6 +42,7 @@ from roll_ds.platform import current_platform
 from strategies import _common
 from strategies._value_model import apply_value_lora, forward_values, load_value_model
 from strategies._weights import copy_tokenizer_files, iter_weight_buckets, save_hf_weights
+from strategies._zero import batched_forward, plain_strategy_config, release_zero3_params
 from strategies.base import StrategyContext
 
 logger = logging.getLogger(__name__)
@@ -71,9 +72,9 @@ class DeepSpeedTrainStrategy:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
         self.head = head
-        self.logprob_temperature = _check_temperature(logprob_temperature)
+        self.logprob_temperature = _common.check_temperature(logprob_temperature)
         self.model_path = model_path
-        self.strategy_config = _plain(strategy_config)
+        self.strategy_config = plain_strategy_config(strategy_config)
         self.model_args = model_args or ModelArgs()
         self.training_args = training_args or TrainingArgs()
         self.seed = seed
@@ -365,11 +366,11 @@ class DeepSpeedTrainStrategy:
         attention_mask_BT: torch.Tensor,
         keys: tuple[str, ...],
     ) -> dict[str, torch.Tensor]:
-        """``forward`` in eval mode over ``infer_batch_size`` chunks (see ``_batched_forward``)."""
+        """``forward`` in eval mode over ``infer_batch_size`` chunks (``batched_forward``)."""
         was_training = self.engine.training
         self.engine.eval()
         try:
-            return _batched_forward(
+            return batched_forward(
                 forward,
                 input_ids_BT,
                 attention_mask_BT,
@@ -380,7 +381,7 @@ class DeepSpeedTrainStrategy:
             )
         finally:
             self.engine.train(was_training)
-            _release_zero3_params(self.engine)
+            release_zero3_params(self.engine)
 
     # -----------------------------------------------------------------------------------------
     # weights out
@@ -389,7 +390,7 @@ class DeepSpeedTrainStrategy:
         """Full weights under HF names in buckets of at most ``bucket_bytes`` (every rank gets
         every bucket); LoRA merged, a tied embedding also as ``lm_head.weight``."""
         self._require_head("lm", "weight sync")
-        _release_zero3_params(self.engine)
+        release_zero3_params(self.engine)
         return iter_weight_buckets(self.module, bucket_bytes)
 
     def export_hf(
@@ -411,7 +412,7 @@ class DeepSpeedTrainStrategy:
             self._export_adapter(adapter_dir, is_writer)
             written["adapter"] = adapter_dir
         if merged or not self.is_lora:
-            _release_zero3_params(self.engine)
+            release_zero3_params(self.engine)
             buckets = iter_weight_buckets(self.module, bucket_bytes=256 * 2**20)
             save_hf_weights(buckets, path, write=is_writer, max_shard_bytes=max_shard_bytes)
             if is_writer:
@@ -425,7 +426,7 @@ class DeepSpeedTrainStrategy:
     def _export_adapter(self, adapter_dir: str, is_writer: bool) -> None:
         import deepspeed
 
-        _release_zero3_params(self.engine)
+        release_zero3_params(self.engine)
         lora = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         zero3 = [p for _, p in lora if hasattr(p, "ds_id")]
         with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None, enabled=bool(zero3)):
@@ -512,105 +513,6 @@ class DeepSpeedTrainStrategy:
 
 # ---------------------------------------------------------------------------------------------
 # helpers shared with deepspeed_infer
-
-
-def _check_temperature(temperature: float) -> float:
-    if not temperature > 0:
-        raise ValueError(
-            f"logprob_temperature must be > 0, got {temperature} (greedy rollouts use 1.0)"
-        )
-    return float(temperature)
-
-
-def _batched_logprobs(
-    model: Any,
-    input_ids_BT: torch.Tensor,
-    attention_mask_BT: torch.Tensor,
-    *,
-    batch_size: int,
-    with_entropy: bool,
-    device: torch.device,
-    lockstep: bool,
-    temperature: float = 1.0,
-) -> dict[str, torch.Tensor]:
-    """Log-probs (and entropy) in chunks of ``batch_size``; see ``_batched_forward``."""
-    return _batched_forward(
-        lambda ids, mask: _common.forward_logprobs(
-            model, ids, mask, with_entropy=with_entropy, temperature=temperature
-        ),
-        input_ids_BT,
-        attention_mask_BT,
-        batch_size=batch_size,
-        device=device,
-        lockstep=lockstep,
-        empty_keys=("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
-    )
-
-
-def _batched_forward(
-    forward: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],
-    input_ids_BT: torch.Tensor,
-    attention_mask_BT: torch.Tensor,
-    *,
-    batch_size: int,
-    device: torch.device,
-    lockstep: bool,
-    empty_keys: tuple[str, ...],
-) -> dict[str, torch.Tensor]:
-    """``forward(ids, mask)`` in chunks of ``batch_size``, outputs concatenated on the CPU (the
-    ``empty_keys``, ``[0, T-1]``, when this rank has no rows). With ``lockstep`` (ZeRO-3 over
-    several ranks) every rank runs as many forwards as the busiest one, since each forward
-    all-gathers parameters."""
-    n = input_ids_BT.shape[0]
-    spans = list(_common.iter_chunks(n, batch_size))
-    rounds = len(spans)
-    if lockstep:
-        count = torch.tensor([rounds], device=device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        rounds = int(count.item())
-    parts: dict[str, list[torch.Tensor]] = {}
-    for i in range(rounds):
-        start, stop = spans[i] if i < len(spans) else spans[-1] if spans else (0, 0)
-        if stop == start:  # this rank has no rows at all: a 1-row dummy keeps the gathers paired
-            ids = torch.zeros((1, max(2, input_ids_BT.shape[1])), dtype=torch.long)
-            mask = torch.ones_like(ids)
-        else:
-            ids, mask = input_ids_BT[start:stop], attention_mask_BT[start:stop]
-        out = forward(ids.to(device), mask.to(device))
-        if i < len(spans):
-            for k, v in out.items():
-                parts.setdefault(k, []).append(v.float().cpu())
-    if not parts:
-        width = max(0, input_ids_BT.shape[1] - 1)
-        return {k: torch.zeros((0, width)) for k in empty_keys}
-    return {k: torch.cat(v) for k, v in parts.items()}
-
-
-def _release_zero3_params(engine: Any) -> None:
-    """Wait for ZeRO-3 prefetches still in flight and re-partition every parameter. Forwards
-    whose module order differs from the recorded trace (inference after training, the padding
-    forwards of ``_batched_logprobs``) can leave prefetched parameters in flight, which a
-    following ``GatheredParameters`` refuses ("Cannot partition a param in flight")."""
-    if engine.zero_optimization_stage() == 3 and hasattr(engine.optimizer, "empty_partition_cache"):
-        # engine.empty_partition_cache() does this plus a gc.collect() that cost 250-280 ms per
-        # call here (most of a small-model sync); the re-partitioning is all that is needed.
-        engine.optimizer.empty_partition_cache()
-
-
-def _plain(config: Any) -> dict[str, Any]:
-    """An OmegaConf node or mapping as a plain dict (DeepSpeed wants JSON-like values)."""
-    if config is None:
-        raise ValueError("strategy_args.strategy_config is null; use e.g. ${deepspeed_zero3}")
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(config, DictConfig):
-            return OmegaConf.to_container(config, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    import copy
-
-    return copy.deepcopy(dict(config))
 
 
 def _param_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:

@@ -36,9 +36,7 @@ class HfInferStrategy:
         stop_token_ids: Sequence[int] = (),
         logprob_temperature: float = 1.0,
     ) -> None:
-        if not logprob_temperature > 0:
-            raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature}")
-        self.logprob_temperature = float(logprob_temperature)
+        self.logprob_temperature = _common.check_temperature(logprob_temperature)
         self.model_path = model_path
         self.model_args = model_args or ModelArgs()
         self.generating_args = generating_args or GeneratingArgs()
