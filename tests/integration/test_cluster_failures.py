@@ -92,12 +92,26 @@ def elapsed(fn) -> tuple[BaseException, float]:
     return info.value, time.perf_counter() - start
 
 
+def wait_for_exit(pid: int, timeout_s: float = BOUND_S) -> None:
+    """``ray.kill`` only asks the GCS to kill the actor; until its process is gone a
+    call sent straight to it can still be answered. Wait for the process to exit."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"worker pid {pid} still alive {timeout_s} s after ray.kill")
+
+
 def test_killed_worker_is_reported_with_role_rank_and_node(rm):
     train = Cluster("actor_train", Flaky, rm)
     try:
         assert train.ping() == [0, 1]
         node = train.infos[1]["node_id"]
         ray.kill(train.actors[1])
+        wait_for_exit(train.infos[1]["pid"])
         err, took = elapsed(train.ping)
         assert isinstance(err, WorkerError)
         print(f"killed worker surfaced after {took:.3f} s")
