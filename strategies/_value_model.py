@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from roll_ds.models.loading import (
     attn_implementation,
-    lora_target_modules,
+    lora_config,
     resolve_model_path,
     zero3_construction,
 )
@@ -74,28 +74,14 @@ def head_name(model: torch.nn.Module) -> str:
     raise ValueError(f"{type(model).__name__} has no value head (looked for {HEAD_NAMES})")
 
 
-def apply_value_lora(
-    model: PreTrainedModel,
-    *,
-    rank: int,
-    alpha: int | None = None,
-    dropout: float = 0.0,
-    target: str = "all-linear",
-) -> PeftModel:
-    """LoRA adapters (named ``default``) on the body; the value head stays fully trainable."""
-    from peft import LoraConfig, get_peft_model
+def apply_value_lora(model: PreTrainedModel, **lora_args: Any) -> PeftModel:
+    """LoRA adapters (named ``default``) on the body; the value head stays fully trainable.
+    ``lora_args`` as for ``roll_ds.models.loading.lora_config``."""
+    from peft import get_peft_model
 
-    if rank < 1:
-        raise ValueError(f"critic.model_args.lora_rank must be >= 1, got {rank}")
     head = head_name(model)
-    config = LoraConfig(
-        r=rank,
-        lora_alpha=alpha if alpha is not None else 2 * rank,
-        lora_dropout=dropout,
-        target_modules=lora_target_modules(target),
-        exclude_modules=[head],  # "all-linear" would otherwise put an adapter on the head
-        bias="none",
-    )
+    # "all-linear" would otherwise put an adapter on the head
+    config = lora_config(field="critic.model_args", exclude_modules=[head], **lora_args)
     peft_model = get_peft_model(model, config)
     for param in getattr(model, head).parameters():
         param.requires_grad_(True)

@@ -96,28 +96,37 @@ def lora_target_modules(target: str) -> str | list[str]:
     return names
 
 
-def apply_lora(
-    model: PreTrainedModel,
+def lora_config(
     *,
     rank: int,
     alpha: int | None = None,
     dropout: float = 0.0,
     target: str = "all-linear",
-) -> PeftModel:
-    """Wrap ``model`` with a peft LoRA adapter named ``default``; only adapter params train."""
-    from peft import LoraConfig, TaskType, get_peft_model
+    field: str = "model_args",
+    **extra: Any,
+) -> Any:
+    """peft ``LoraConfig`` from roll_ds's model_args fields (alpha defaults to ``2 * rank``);
+    ``field`` names the config section in errors, ``extra`` goes to ``LoraConfig`` as is."""
+    from peft import LoraConfig
 
     if rank < 1:
-        raise ValueError(f"model_args.lora_rank must be >= 1, got {rank}")
-    config = LoraConfig(
-        task_type=TaskType.CAUSAL_LM,
+        raise ValueError(f"{field}.lora_rank must be >= 1, got {rank}")
+    return LoraConfig(
         r=rank,
         lora_alpha=alpha if alpha is not None else 2 * rank,
         lora_dropout=dropout,
         target_modules=lora_target_modules(target),
         bias="none",
+        **extra,
     )
-    return get_peft_model(model, config)
+
+
+def apply_lora(model: PreTrainedModel, **lora_args: Any) -> PeftModel:
+    """Wrap ``model`` with a peft LoRA adapter named ``default`` (``lora_args`` as for
+    ``lora_config``); only adapter params train."""
+    from peft import TaskType, get_peft_model
+
+    return get_peft_model(model, lora_config(task_type=TaskType.CAUSAL_LM, **lora_args))
 
 
 def count_parameters(model: torch.nn.Module) -> dict[str, int]:
