@@ -128,6 +128,22 @@ def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
     }
 
 
+def result_line(r: dict) -> str:
+    """One result's medians on a line: start-up, each phase, generated tokens/s."""
+    phases = "  ".join(f"{p} {r['median_s'][p]:.2f}s" for p in PHASES)
+    return (
+        f"start {r['start_s']:.1f}s | {phases} | {r['generated_tokens_per_s']:.0f} generated "
+        f"tok/s ({r['generated_tokens_per_step']:.0f} tok/step)"
+    )
+
+
+def write_results(results: list[dict], path: str) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
@@ -150,16 +166,8 @@ def main() -> None:
         results.append(bench(name, overrides, args.steps, work))
         r = results[-1]
         r["overrides"] = args.overrides
-        phases = "  ".join(f"{p} {r['median_s'][p]:.2f}s" for p in PHASES)
-        print(
-            f"{name:10s} start {r['start_s']:.1f}s | {phases} | "
-            f"{r['generated_tokens_per_s']:.0f} generated tok/s "
-            f"({r['generated_tokens_per_step']:.0f} tok/step, {r['samples_per_step']} samples)"
-        )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    print(f"wrote {out}")
+        print(f"{name:10s} {result_line(r)}, {r['samples_per_step']} samples per step")
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":

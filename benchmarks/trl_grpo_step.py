@@ -52,7 +52,6 @@ What cannot match (also listed under ``differences`` in the JSON):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -66,7 +65,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.rlvr_step import MODELS, PHASES, model_overrides  # noqa: E402
+from benchmarks.rlvr_step import (  # noqa: E402
+    MODELS,
+    PHASES,
+    model_overrides,
+    result_line,
+    write_results,
+)
 from roll_ds.data.dataset import answers_match  # noqa: E402
 
 if TYPE_CHECKING:
@@ -284,11 +289,11 @@ def build_trainer(
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     import trl
     from datasets import Dataset
-    from peft import LoraConfig, TaskType
+    from peft import TaskType
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from roll_ds.models.embedded import resolve_pretrain
-    from roll_ds.models.loading import lora_target_modules
+    from roll_ds.models.loading import lora_config
     from strategies._common import torch_dtype
 
     args = trl.GRPOConfig(
@@ -305,13 +310,13 @@ def build_trainer(
         **settings,
     )
     margs = cfg.actor_train.model_args
-    lora = LoraConfig(
+    lora = lora_config(
         task_type=TaskType.CAUSAL_LM,
-        r=margs.lora_rank,
-        lora_alpha=margs.lora_alpha if margs.lora_alpha is not None else 2 * margs.lora_rank,
-        lora_dropout=margs.lora_dropout,
-        target_modules=lora_target_modules(margs.lora_target),
-        bias="none",
+        rank=margs.lora_rank,
+        alpha=margs.lora_alpha,
+        dropout=margs.lora_dropout,
+        target=margs.lora_target,
+        field="actor_train.model_args",
     )
     columns = ("prompt", "ground_truth", "domain")
     dataset = Dataset.from_list([{k: row[k] for k in columns} for b in batches for row in b])
@@ -404,22 +409,9 @@ def main() -> None:
         for threads in args.threads
     ]
     print("\nTRL GRPOTrainer: median seconds per step (one rollout batch) after a warm-up step")
-    widths = {p: max(len(p), 7) for p in PHASES}
-    print(
-        f"{'model':10s} {'threads':>7s} {'start':>6s} "
-        + " ".join(f"{p:>{w}s}" for p, w in widths.items())
-    )
     for r in results:
-        phases = " ".join(f"{r['median_s'][p]:>{w}.3f}" for p, w in widths.items())
-        print(
-            f"{r['model']:10s} {r['threads']:7d} {r['start_s']:6.1f} {phases} | "
-            f"{r['generated_tokens_per_s']:.0f} generated tok/s "
-            f"({r['generated_tokens_per_step']:.0f} tok/step, {r['steps_timed']} steps timed)"
-        )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    print(f"wrote {out}")
+        print(f"{r['model']:10s} {r['threads']} thread(s) {result_line(r)}")
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":
