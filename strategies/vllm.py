@@ -37,6 +37,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from roll_ds.config.schema import GeneratingArgs, WorkerConfig
+from roll_ds.log_noise import quiet_vllm, vllm_log_env
 from roll_ds.platform import current_platform
 from strategies.base import StrategyContext
 
@@ -264,13 +265,15 @@ class VllmStrategy:
 
     def initialize(self) -> None:
         platform = current_platform()
-        for key, value in platform.vllm_env().items():  # must precede `import vllm`
+        env = {**vllm_log_env(), **platform.vllm_env()}
+        for key, value in env.items():  # must precede `import vllm`
             os.environ.setdefault(key, value)
         from roll_ds.models.loading import resolve_model_path
 
         self.model_path = resolve_model_path(self.model_path)
         import vllm
 
+        quiet_vllm()
         self.llm = vllm.LLM(
             **llm_kwargs(
                 model_path=self.model_path,

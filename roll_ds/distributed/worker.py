@@ -17,7 +17,8 @@ module is imported; the per-rank variables are set in the actor process right be
     CUDA_VISIBLE_DEVICES    set by Ray from the bundle's GPU; for multi-device workers set by
                             Cluster to all the worker's GPUs (CUDA reads it at first use)
 
-Subclasses call ``super().__init__()`` (it applies the thread budget) and should create process
+Subclasses call ``super().__init__()`` (it applies the thread budget and silences the
+harmless warnings listed in ``roll_ds.log_noise``) and should create process
 groups with ``init_process_group`` (dispatched to all ranks) once the cluster is up, not in
 ``__init__``: a rank that fails to start would leave the others blocked in the rendezvous.
 """
@@ -32,11 +33,13 @@ from datetime import timedelta
 from typing import Any
 
 from roll_ds.distributed.dispatch import Dispatch, register
+from roll_ds.log_noise import quiet_warnings
 
 
 class Worker:
     def __init__(self) -> None:
         apply_thread_budget()
+        quiet_warnings()
 
     # --- identity (from the env Cluster set) ---------------------------------------------------
 
