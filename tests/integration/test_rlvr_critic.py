@@ -142,3 +142,22 @@ def test_resume_restores_the_critic(straight: Path, tmp_path: Path):
     assert any(k.startswith("critic/") for k in stable)
     for key in stable:
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+
+
+def test_two_ppo_epochs_reuse_the_rollout(straight: Path, tmp_path: Path):
+    """``algorithm.ppo_epochs=2``: the same step-1 rollout, then two passes over it. Pass 1 is
+    the straight run's training (on-policy, ratio 1); pass 2 sees the updated weights, so the
+    step's averaged actor KL rises and the critic's pass-2 loss is below its pass-1 loss."""
+    run(tmp_path, "max_steps=1", "save_steps=0", "algorithm.ppo_epochs=2")
+    (got,) = jsonl(tmp_path / CONFIG / "metrics.jsonl")
+    want = jsonl(straight / "metrics.jsonl")[0]
+    assert got["optimizer_steps"] == 2.0 and got["critic/optimizer_steps"] == 2.0
+    for key in ("rollout/score", "rollout/response_length", "critic/values_mean"):
+        assert got[key] == pytest.approx(want[key], rel=1e-6), key
+    pass2_value_loss = 2 * got["critic/value_loss"] - want["critic/value_loss"]
+    print(
+        f"approx_kl {want['actor/approx_kl']:.3g} -> {got['actor/approx_kl']:.3g}; "
+        f"value loss pass 1 {want['critic/value_loss']:.4g}, pass 2 {pass2_value_loss:.4g}"
+    )
+    assert got["actor/approx_kl"] > want["actor/approx_kl"]
+    assert 0 <= pass2_value_loss < want["critic/value_loss"]
