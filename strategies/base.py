@@ -38,6 +38,9 @@ class StrategyContext:
     # Rollouts are sampled from softmax(logits / T): the log-probs the trainer and the reference
     # compute (and train on) are of that same distribution. 1.0 for greedy or untempered rollouts.
     logprob_temperature: float = 1.0
+    # weight_sync.lora_sync=adapter: the policy's LoRA rank (rollout engines start with LoRA
+    # support and serve base + the synced adapter); None: syncs carry merged full weights.
+    adapter_sync_rank: int | None = None
 
 
 STRATEGY_SPECS: dict[str, StrategySpec] = {

@@ -393,6 +393,41 @@ class DeepSpeedTrainStrategy:
         release_zero3_params(self.engine)
         return iter_weight_buckets(self.module, bucket_bytes)
 
+    def adapter_buckets_for_sync(
+        self, bucket_bytes: int
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The LoRA adapter alone (``weight_sync.lora_sync: adapter``), under the names peft
+        saves it with, in buckets of at most ``bucket_bytes``: the rollout engine keeps the
+        frozen base weights it loaded and serves base + adapter."""
+        self._require_head("lm", "weight sync")
+        if not self.is_lora:
+            raise ValueError(
+                "weight_sync.lora_sync=adapter needs a LoRA policy (actor_train.model_args."
+                "lora_rank); use lora_sync=merged for full fine-tuning"
+            )
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(self.module, state_dict=self._adapter_state())
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in state.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    def adapter_config(self) -> dict[str, Any]:
+        """The policy's peft ``LoraConfig`` as plain JSON (``adapter_config.json``'s content,
+        target modules resolved to names)."""
+        import json
+
+        config = self.module.peft_config["default"].to_dict()
+        return json.loads(json.dumps(config, default=sorted))  # sets -> sorted lists
+
     def export_hf(
         self,
         path: str,
@@ -423,14 +458,19 @@ class DeepSpeedTrainStrategy:
         _barrier()
         return written
 
-    def _export_adapter(self, adapter_dir: str, is_writer: bool) -> None:
+    def _adapter_state(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the trainable (adapter) parameters, gathered under ZeRO-3 (every rank
+        calls this together)."""
         import deepspeed
 
         release_zero3_params(self.engine)
         lora = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         zero3 = [p for _, p in lora if hasattr(p, "ds_id")]
         with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None, enabled=bool(zero3)):
-            state = {n: p.detach().to("cpu").clone() for n, p in lora}
+            return {n: p.detach().to("cpu").clone() for n, p in lora}
+
+    def _export_adapter(self, adapter_dir: str, is_writer: bool) -> None:
+        state = self._adapter_state()
         if is_writer:
             self.module.save_pretrained(adapter_dir, state_dict=state, safe_serialization=True)
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from roll_ds.config.schema import GeneratingArgs, WorkerConfig
 from roll_ds.log_noise import quiet_vllm, vllm_log_env
 from roll_ds.platform import current_platform
+from roll_ds.weight_sync.adapter import AdapterVersions, write_adapter
 from strategies.base import StrategyContext
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ OWNED_KWARGS = {
     "tensor_parallel_size": "num_gpus_per_worker",
     "worker_extension_cls": "nothing: the strategy needs its own worker extension",
 }
+# vLLM's LoRAConfig.max_lora_rank values (vllm/config/lora.py MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+ADAPTER_LORA_NAME = "roll_ds_policy"
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep(level=1) releases
 SEED_MASK = 2**31 - 1
 _SEED_MIX = 0x9E3779B1  # odd 32-bit constant: prompt i's base seed lands far from prompt i+1's
@@ -176,6 +180,7 @@ def llm_kwargs(
     tensor_parallel_size: int,
     strategy_config: Mapping[str, Any] | None,
     is_cuda: bool,
+    adapter_rank: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM``: the strategy's own, platform defaults, then
     ``strategy_config`` (which may override the defaults but not the owned keys)."""
@@ -208,7 +213,20 @@ def llm_kwargs(
         tensor_parallel_size=tensor_parallel_size,
         worker_extension_cls=WORKER_EXTENSION,
     )
+    if adapter_rank is not None:  # weight_sync.lora_sync=adapter: serve base + synced adapter
+        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(adapter_rank))
     return kwargs
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that fits a rank-``rank`` adapter."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if rank < 1 or not fits:
+        raise ValueError(
+            f"actor_train.model_args.lora_rank={rank}: vLLM serves adapters of rank "
+            f"{VLLM_LORA_RANKS[0]}..{VLLM_LORA_RANKS[-1]}; use weight_sync.lora_sync=merged"
+        )
+    return fits[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,9 +245,12 @@ class VllmStrategy:
         generating_args: GeneratingArgs | None = None,
         max_new_tokens: int = 64,
         stop_token_ids: Sequence[int] = (),
+        adapter_rank: int | None = None,
     ) -> None:
         """``generating_args`` give the defaults of ``generate``; its ``max_new_tokens`` falls
-        back to ``max_new_tokens`` (the pipeline's response_length) when null."""
+        back to ``max_new_tokens`` (the pipeline's response_length) when null. ``adapter_rank``
+        (``weight_sync.lora_sync: adapter``): start the engine with LoRA enabled for an
+        adapter of that rank; syncs then carry the adapter (``enable_adapter_sync``)."""
         self.model_path = model_path
         self.dtype = dtype
         self.seed = seed
@@ -242,6 +263,9 @@ class VllmStrategy:
         if self.generating_args.max_new_tokens is None:
             self.generating_args.max_new_tokens = max_new_tokens
         self.stop_token_ids = list(stop_token_ids)
+        self.adapter_rank = adapter_rank
+        self._adapters: AdapterVersions | None = None  # set by enable_adapter_sync
+        self._lora_request: Any = None  # the synced adapter vLLM serves, once there is one
         self.llm: Any = None
         self._in_process = False
         self._asleep: set[str] = set()  # SLEEP_TAGS offloaded by offload_states
@@ -258,6 +282,7 @@ class VllmStrategy:
             generating_args=worker.generating_args,
             max_new_tokens=ctx.response_length,
             stop_token_ids=ctx.stop_token_ids,
+            adapter_rank=ctx.adapter_sync_rank,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -282,6 +307,7 @@ class VllmStrategy:
                 tensor_parallel_size=self.tensor_parallel_size,
                 strategy_config=self.strategy_config,
                 is_cuda=platform.is_cuda,
+                adapter_rank=self.adapter_rank,
             )
         )
         self._in_process = _engine_in_this_process(self.llm)
@@ -329,7 +355,9 @@ class VllmStrategy:
             SamplingParams(**{**base, "seed": request_seed(seed, i)}) for i in range(len(prompts))
         ]
         requests = [{"prompt_token_ids": list(p)} for p in _check_prompts(prompts)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(
+            requests, params, lora_request=self._lora_request, use_tqdm=False
+        )
         return parse_request_outputs(outputs, n)
 
     def compute_logprobs(
@@ -354,7 +382,10 @@ class VllmStrategy:
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         scored = [i for i, r in enumerate(rows) if len(r) >= 2]
         outputs = self.llm.generate(
-            [{"prompt_token_ids": rows[i]} for i in scored], params, use_tqdm=False
+            [{"prompt_token_ids": rows[i]} for i in scored],
+            params,
+            lora_request=self._lora_request,
+            use_tqdm=False,
         )
         logprobs_BT = torch.zeros(input_ids_BT.shape[0], input_ids_BT.shape[1] - 1)
         for b, out in zip(scored, outputs, strict=True):
@@ -373,6 +404,9 @@ class VllmStrategy:
         the iterator raises instead of leaving the old tensor served. Returns worker 0's counts
         (``num_tensors``, ``bytes``, ``seconds``, ``tied_lm_head``)."""
         self._require_awake("weights")
+        if self._adapters is not None:
+            stats = write_adapter(named_tensors, self._adapters.config, self._adapters.next_dir())
+            return {**stats, **self._serve_new_adapter()}
         if not self._in_process:
             # Tensors travel pickled to vLLM's worker processes: fine for small models; large
             # ones should go through a weight-sync transport received on the worker side.
@@ -387,10 +421,50 @@ class VllmStrategy:
         group it joined on ``plane`` (see ``vllm_worker_ext``) into one reload, then the prefix
         cache is dropped. Returns worker 0's counts plus ``workers``."""
         self._require_awake("weights")
-        per_worker = self.llm.collective_rpc("roll_ds_receive_weights", args=(plane,))
+        adapter = None
+        if self._adapters is not None:  # worker 0 writes the adapter directory
+            adapter = (self._adapters.next_dir(), self._adapters.config)
+        per_worker = self.llm.collective_rpc("roll_ds_receive_weights", args=(plane, adapter))
+        if adapter is not None:
+            return {**per_worker[0], **self._serve_new_adapter(), "workers": len(per_worker)}
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
         return {**per_worker[0], "workers": len(per_worker)}
+
+    def enable_adapter_sync(self, config: Mapping[str, Any]) -> None:
+        """From now on a sync carries the policy's LoRA adapter (peft names; ``config`` is its
+        ``adapter_config.json``): it is written to a new version directory and served as a new
+        LoRA on top of the base weights the engine loaded, replacing the previous one."""
+        self._require_initialized()
+        if self.adapter_rank is None:
+            raise RuntimeError(
+                "enable_adapter_sync: the engine was started without LoRA support; the role "
+                "needs adapter_rank (StrategyContext.adapter_sync_rank) at construction"
+            )
+        if int(config.get("r", 0)) > vllm_lora_rank(self.adapter_rank):
+            raise ValueError(
+                f"adapter rank {config.get('r')} exceeds the engine's max_lora_rank "
+                f"{vllm_lora_rank(self.adapter_rank)}"
+            )
+        if self._adapters is None:
+            self._adapters = AdapterVersions(config)
+
+    def _serve_new_adapter(self) -> dict[str, Any]:
+        """Register the adapter just written to ``next_dir()`` with vLLM, retire the previous
+        one. Returns ``adapter_version``."""
+        from vllm.lora.request import LoRARequest
+
+        versions = self._adapters
+        version = versions.version + 1
+        request = LoRARequest(f"{ADAPTER_LORA_NAME}_{version}", version, versions.next_dir())
+        engine = self.llm.llm_engine
+        if not engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the synced adapter from {versions.next_dir()}")
+        if self._lora_request is not None:
+            engine.remove_lora(self._lora_request.lora_int_id)
+        self._lora_request = request
+        versions.commit()
+        return {"adapter_version": version}
 
     # -----------------------------------------------------------------------------------------
     # colocation
@@ -434,6 +508,9 @@ class VllmStrategy:
     def close(self) -> None:
         """Shut the engine down and free its distributed state, so the process can build
         another one (tests do)."""
+        if self._adapters is not None:
+            self._adapters.close()
+            self._adapters, self._lora_request = None, None
         if self.llm is None:
             return
         try:

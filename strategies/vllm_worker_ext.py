@@ -22,11 +22,14 @@ Importing this module must not import vLLM (it is also used by pure unit tests).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+from roll_ds.weight_sync.adapter import write_adapter
 
 if TYPE_CHECKING:
     import torch
@@ -149,6 +152,10 @@ def tie_word_embeddings(worker: Any) -> bool:
     return bool(getattr(text_config, "tie_word_embeddings", False))
 
 
+def _ignore(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    return {}
+
+
 class RollDsWorkerExtension:
     """Mixed into vLLM's worker class; every method name starts with ``roll_ds_`` so it cannot
     clash with the worker's own attributes (vLLM asserts there is no clash)."""
@@ -178,8 +185,13 @@ class RollDsWorkerExtension:
         self._roll_ds_transfer = (group, make_plane(plane), plane)
         return rank
 
-    def roll_ds_receive_weights(self, plane: str) -> dict[str, Any]:
-        """Receive one sync from the group and reload the whole model from it in one pass."""
+    def roll_ds_receive_weights(
+        self, plane: str, adapter: tuple[str, dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """Receive one sync from the group and reload the whole model from it in one pass.
+        ``adapter`` (``weight_sync.lora_sync: adapter``): the sync carries a LoRA adapter;
+        worker 0 writes it to ``adapter[0]`` with config ``adapter[1]`` (the others drain the
+        stream), and the strategy then registers it with the engine."""
         from roll_ds.weight_sync.collective import ReceiveStream, receive_into
 
         joined = getattr(self, "_roll_ds_transfer", None)
@@ -191,7 +203,13 @@ class RollDsWorkerExtension:
                 f"asked to receive by {plane!r}; the group was joined by {joined_plane!r}"
             )
         stream = ReceiveStream(group, data_plane)
-        stats = receive_into(lambda named: reload_weights_checked(self, named), stream)
+        if adapter is None:
+            sink = functools.partial(reload_weights_checked, self)
+        elif self.roll_ds_worker_rank() == 0:
+            sink = functools.partial(write_adapter, directory=adapter[0], config=adapter[1])
+        else:
+            sink = _ignore  # receive_into drains the stream
+        stats = receive_into(sink, stream)
         stats.update(stream.stats())
         return stats
 

@@ -157,6 +157,9 @@ class WeightSyncConfig:
     transport: str = "auto"
     bucket_bytes: int = 256 * 2**20  # gathered per bucket (ZeRO-3 GatheredParameters)
     timeout_s: float = 600.0  # a sync that takes longer fails naming the worker
+    # Under LoRA: merged (gather the full model, adapter merged in, reload it) | adapter (ship
+    # only the adapter; vLLM keeps its base weights and serves base + adapter with enable_lora).
+    lora_sync: str = "merged"
     # Parity check: after a sync, vLLM's and the trainer's log-probs on a fixed probe batch.
     parity_check: bool = True
     parity_probe_size: int = 4

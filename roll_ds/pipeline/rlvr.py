@@ -160,6 +160,8 @@ class RLVRPipeline:
             role_ctx = ctx
             if name in self._trained_roles:  # the LR schedule spans all its optimizer steps
                 role_ctx = replace(ctx, max_steps=schedule_steps(cfg, name))
+            if name == "actor_infer" and cfg.weight_sync.lora_sync == "adapter":
+                role_ctx = replace(ctx, adapter_sync_rank=cfg.actor_train.model_args.lora_rank)
             self.clusters[name] = Cluster(
                 name, cls, self.resources, init_args=(role_cfg, role_ctx), env=role_cfg.system_envs
             )

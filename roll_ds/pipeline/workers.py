@@ -99,15 +99,24 @@ class ActorTrainWorker(TrainWorker):
 
     @register(Dispatch.ALL)
     def publish_weights(
-        self, transport: str, bucket_bytes: int, *, rollout_dtype: str | None = None
+        self,
+        transport: str,
+        bucket_bytes: int,
+        *,
+        rollout_dtype: str | None = None,
+        adapter_only: bool = False,
     ) -> dict[str, Any] | None:
-        """Gather the full weights bucket by bucket and send them by ``transport`` from rank 0;
-        under ZeRO-3 the other ranks join every bucket's gather. Rank 0 returns its send stats
-        (``object_store``: with the bucket references), the others None."""
+        """Gather the full weights (``adapter_only``: the LoRA adapter alone) bucket by bucket
+        and send them by ``transport`` from rank 0; under ZeRO-3 the other ranks join every
+        bucket's gather. Rank 0 returns its send stats (``object_store``: with the bucket
+        references), the others None."""
         from roll_ds.weight_sync.base import cast_buckets
 
         start = time.perf_counter()
-        buckets = self.strategy.named_weights_for_sync(bucket_bytes)
+        if adapter_only:
+            buckets = self.strategy.adapter_buckets_for_sync(bucket_bytes)
+        else:
+            buckets = self.strategy.named_weights_for_sync(bucket_bytes)
         if self.rank != 0:
             if getattr(self.strategy, "zero_stage", 3) == 3:
                 for _ in buckets:
@@ -126,6 +135,11 @@ class ActorTrainWorker(TrainWorker):
         stats["seconds"] = time.perf_counter() - start
         stats["gather_seconds"] = stats["seconds"] - stats["transfer_seconds"]
         return stats
+
+    @register(Dispatch.RANK0)
+    def adapter_config(self) -> dict[str, Any]:
+        """The policy's LoRA config (``weight_sync.lora_sync: adapter``)."""
+        return self.strategy.adapter_config()
 
     @register(Dispatch.RANK0)
     def weight_sync_open(self, timeout_s: float) -> tuple[str, int]:
@@ -203,6 +217,18 @@ class RolloutWorker(StrategyWorker):
         start = time.perf_counter()
         stats = self.strategy.load_weights(iter_refs(refs)) or {}
         return {**stats, "seconds": time.perf_counter() - start}
+
+    @register(Dispatch.ALL)
+    def enable_adapter_sync(self, config: dict[str, Any]) -> None:
+        """``weight_sync.lora_sync: adapter``: syncs from now on carry the LoRA adapter."""
+        enable = getattr(self.strategy, "enable_adapter_sync", None)
+        if enable is None:
+            raise ValueError(
+                f"weight_sync.lora_sync=adapter: the {type(self.strategy).__name__} rollout "
+                "strategy cannot serve a LoRA adapter; use actor_infer strategy vllm or "
+                "lora_sync=merged"
+            )
+        enable(config)
 
     @register(Dispatch.ALL)
     def inference_worker_count(self) -> int:

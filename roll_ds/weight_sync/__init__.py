@@ -14,6 +14,9 @@ see ``select.py``):
     cuda_ipc      colocated GPU workers: CUDA IPC handles of one reusable buffer, a gloo group
                   for control (GPU only)
 
+Under LoRA, ``weight_sync.lora_sync: adapter`` ships the adapter alone instead (``adapter.py``):
+the engine keeps its base weights and serves base + adapter with vLLM's LoRA support.
+
 ``parity.py`` checks a sync: vLLM's and the trainer's log-probs on a fixed probe batch.
 
 Light on purpose: importing this package imports neither torch nor Ray.

@@ -273,8 +273,15 @@ class Transport(ABC):
     name: ClassVar[str]
 
     def __init__(
-        self, *, bucket_bytes: int, timeout_s: float, rollout_dtype: str | None = None
+        self,
+        *,
+        bucket_bytes: int,
+        timeout_s: float,
+        rollout_dtype: str | None = None,
+        adapter_only: bool = False,
     ) -> None:
+        """``adapter_only``: ship the LoRA adapter instead of the merged weights (the receivers
+        must have been told its config; see ``roll_ds.weight_sync.adapter``)."""
         if bucket_bytes <= 0:
             raise ValueError(f"weight_sync.bucket_bytes must be > 0, got {bucket_bytes}")
         if timeout_s <= 0:
@@ -282,6 +289,7 @@ class Transport(ABC):
         self.bucket_bytes = int(bucket_bytes)
         self.timeout_s = float(timeout_s)
         self.rollout_dtype = rollout_dtype
+        self.adapter_only = adapter_only
 
     def connect(self, train: Cluster, infer: Cluster) -> None:  # noqa: B027 - optional hook
         """Build what the transport needs between the roles (once, before the first sync)."""
@@ -295,7 +303,11 @@ class Transport(ABC):
 
     def _publish(self, train: Cluster) -> PendingCall:
         return train.submit(
-            "publish_weights", self.name, self.bucket_bytes, rollout_dtype=self.rollout_dtype
+            "publish_weights",
+            self.name,
+            self.bucket_bytes,
+            rollout_dtype=self.rollout_dtype,
+            adapter_only=self.adapter_only,
         )
 
     def _wait(self, calls: Mapping[str, PendingCall], deadline: float) -> dict[str, list[Any]]:

@@ -68,7 +68,8 @@ def choose_transport(
 def build_transport(
     cfg: WeightSyncConfig, train: Cluster, infer: Cluster, *, rollout_dtype: str | None
 ) -> Transport:
-    """The configured transport for these roles, connected."""
+    """The configured transport for these roles, connected (with ``lora_sync: adapter`` the
+    rollout workers are given the policy's adapter config)."""
     from roll_ds.platform import current_platform
 
     name, why = choose_transport(
@@ -79,7 +80,12 @@ def build_transport(
     )
     logger.info("weight sync: transport %s (%s)", name, why)
     transport = TRANSPORTS.get(name)(
-        bucket_bytes=cfg.bucket_bytes, timeout_s=cfg.timeout_s, rollout_dtype=rollout_dtype
+        bucket_bytes=cfg.bucket_bytes,
+        timeout_s=cfg.timeout_s,
+        rollout_dtype=rollout_dtype,
+        adapter_only=cfg.lora_sync == "adapter",
     )
     transport.connect(train, infer)
+    if transport.adapter_only:  # the receivers write what they get as this peft adapter
+        infer.enable_adapter_sync(train.adapter_config())
     return transport
