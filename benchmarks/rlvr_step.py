@@ -125,6 +125,10 @@ def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
         "generated_tokens_per_s": statistics.median(
             r["throughput/generated_tokens_per_s"] for r in timed
         ),
+        # the sync phase split: moving the weights (gather + transfer + load) and parity probe
+        "sync_bytes": statistics.median(r["sync/bytes"] for r in timed),
+        "sync_transfer_s": statistics.median(r["sync/seconds"] for r in timed),
+        "sync_parity_s": statistics.median(r.get("sync/parity_seconds", 0.0) for r in timed),
     }
 
 
@@ -166,7 +170,11 @@ def main() -> None:
         results.append(bench(name, overrides, args.steps, work))
         r = results[-1]
         r["overrides"] = args.overrides
-        print(f"{name:10s} {result_line(r)}, {r['samples_per_step']} samples per step")
+        print(
+            f"{name:10s} {result_line(r)}, {r['samples_per_step']} samples per step; sync "
+            f"{r['sync_bytes'] / 1e6:.2f} MB in {r['sync_transfer_s']:.2f}s + parity probe "
+            f"{r['sync_parity_s']:.2f}s"
+        )
     write_results(results, args.out)
 
 
