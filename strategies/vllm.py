@@ -475,6 +475,11 @@ class VllmStrategy:
         sleep mode and everything lives in host memory already); the strategy still refuses to
         generate until ``reload_states``, so a missing wake-up shows on CPU too."""
         self._require_initialized()
+        if level == 2 and self.adapter_rank is not None:
+            raise ValueError(
+                "offload_states(level=2) discards the base weights, which adapter-only syncs "
+                "(weight_sync.lora_sync=adapter) never resend; use level 1"
+            )
         if self._asleep:
             return
         if current_platform().is_cuda:

@@ -115,3 +115,9 @@ def test_merged_weights_sent_to_an_adapter_engine_are_refused(engine, tiny_qwen2
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32)
     with pytest.raises(RuntimeError, match=r"same weight_sync\.lora_sync"):
         engine.load_weights(iter(model.state_dict().items()))
+
+
+def test_level_2_sleep_is_refused_since_the_base_is_never_resent(engine):
+    with pytest.raises(ValueError, match="discards the base weights"):
+        engine.offload_states(level=2)
+    assert not engine._asleep  # refused before anything was released
