@@ -144,11 +144,17 @@ def test_resume_restores_the_critic(straight: Path, tmp_path: Path):
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
 
 
+# The critic trains in full here (no LoRA), which puts the full-parameter critic on ZeRO-3 under
+# test too. It starts where the straight run's LoRA critic starts (the same body, the same
+# seeded head, an adapter that begins as a no-op), so its pass 1 repeats that run's step 1.
+FULL_CRITIC = ("critic.model_args.lora_rank=null",)
+
+
 def test_two_ppo_epochs_reuse_the_rollout(straight: Path, tmp_path: Path):
     """``algorithm.ppo_epochs=2``: the same step-1 rollout, then two passes over it. Pass 1 is
     the straight run's training (on-policy, ratio 1); pass 2 sees the updated weights, so the
     step's averaged actor KL rises and the critic's pass-2 loss is below its pass-1 loss."""
-    run(tmp_path, "max_steps=1", "save_steps=0", "algorithm.ppo_epochs=2")
+    run(tmp_path, "max_steps=1", "save_steps=0", "algorithm.ppo_epochs=2", *FULL_CRITIC)
     (got,) = jsonl(tmp_path / CONFIG / "metrics.jsonl")
     want = jsonl(straight / "metrics.jsonl")[0]
     assert got["optimizer_steps"] == 2.0 and got["critic/optimizer_steps"] == 2.0
