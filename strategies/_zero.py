@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from roll_ds.config.plain import plain_dict
 from strategies import _common
 
 
@@ -92,13 +93,4 @@ def plain_strategy_config(config: Any) -> dict[str, Any]:
     """An OmegaConf node or mapping as a plain dict (DeepSpeed wants JSON-like values)."""
     if config is None:
         raise ValueError("strategy_args.strategy_config is null; use e.g. ${deepspeed_zero3}")
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(config, DictConfig):
-            return OmegaConf.to_container(config, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    import copy
-
-    return copy.deepcopy(dict(config))
+    return plain_dict(config)

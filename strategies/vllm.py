@@ -28,7 +28,6 @@ pass a new seed every step (for instance ``base_seed + step``).
 
 from __future__ import annotations
 
-import copy
 import gc
 import os
 import warnings
@@ -36,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
+from roll_ds.config.plain import plain_dict
 from roll_ds.config.schema import GeneratingArgs, WorkerConfig
 from roll_ds.log_noise import quiet_vllm, vllm_log_env
 from roll_ds.platform import current_platform
@@ -255,7 +255,7 @@ class VllmStrategy:
         self.dtype = dtype
         self.seed = seed
         self.tensor_parallel_size = tensor_parallel_size
-        self.strategy_config = _plain(strategy_config)
+        self.strategy_config = plain_dict(strategy_config)
         g = generating_args or GeneratingArgs()  # a dataclass or an OmegaConf node: copy fields
         self.generating_args = GeneratingArgs(
             **{f.name: getattr(g, f.name) for f in fields(GeneratingArgs)}
@@ -549,17 +549,3 @@ def _check_prompts(prompts: list[list[int]]) -> list[list[int]]:
     if empty:
         raise ValueError(f"prompts {empty[:8]} are empty; every prompt needs at least one token")
     return prompts
-
-
-def _plain(config: Any) -> dict[str, Any]:
-    """``strategy_config`` (an OmegaConf node, a mapping or None) as a plain dict."""
-    if config is None:
-        return {}
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(config, DictConfig):
-            return OmegaConf.to_container(config, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return copy.deepcopy(dict(config))

@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from roll_ds.config.plain import to_plain
 from roll_ds.registry import Registry
 from roll_ds.rewards.base import RewardFn, RewardOutput, RewardSample
 
@@ -28,15 +29,6 @@ REWARD_FNS.register_lazy("format", "roll_ds.rewards.format:FormatReward")
 REWARD_FNS.register_lazy("exact_match", "roll_ds.rewards.exact_match:ExactMatchReward")
 
 _SPEC_KEYS = ("name", "weight", "key")
-
-
-def to_plain(spec: Any) -> Any:
-    """OmegaConf containers -> dicts / lists (without importing omegaconf when not needed)."""
-    if type(spec).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(spec, resolve=True)
-    return spec
 
 
 def _split_spec(spec: Any) -> tuple[str, float, str, dict[str, Any]]:

@@ -20,8 +20,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from roll_ds.config.plain import to_plain
 from roll_ds.rewards.base import RewardFn, RewardSample
-from roll_ds.rewards.registry import WeightedSumReward, to_plain
+from roll_ds.rewards.registry import WeightedSumReward
 
 DEFAULT_TIMEOUT_S = 5.0
 
