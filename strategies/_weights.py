@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
 from roll_ds.models.lora import WeightUnit, weight_units
 
 Bucket = list[tuple[str, torch.Tensor]]
+T = TypeVar("T")
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -38,22 +40,57 @@ def _gathered(params: list[torch.nn.Parameter]):
     return deepspeed.zero.GatheredParameters(zero3, modifier_rank=None, enabled=bool(zero3))
 
 
+def _chunks(items: Iterable[T], nbytes: Callable[[T], int], limit: int) -> Iterator[list[T]]:
+    """``items`` in consecutive lists of at most ``limit`` bytes (an item larger than that gets
+    a list of its own)."""
+    if limit <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {limit}")
+    pending: list[T] = []
+    size = 0
+    for item in items:
+        if pending and size + nbytes(item) > limit:
+            yield pending
+            pending, size = [], 0
+        pending.append(item)
+        size += nbytes(item)
+    if pending:
+        yield pending
+
+
 def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[Bucket]:
     """Lists of ``(hf_name, full tensor)`` of at most ``bucket_bytes`` each (a single tensor
     larger than that gets a bucket of its own). Tensors are fresh copies: the training
     parameters are never exposed, and LoRA layers come merged (``W + B @ A * scale``)."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    pending: list[WeightUnit] = []
-    size = 0
-    for unit in weight_units(model):
-        if pending and size + unit.nbytes > bucket_bytes:
-            yield _materialise(pending)
-            pending, size = [], 0
-        pending.append(unit)
-        size += unit.nbytes
-    if pending:
-        yield _materialise(pending)
+    for units in _chunks(weight_units(model), lambda u: u.nbytes, bucket_bytes):
+        yield _materialise(units)
+
+
+def gathered_adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of a peft model's trainable (adapter) parameters under their parameter names,
+    gathered under ZeRO-3 (every rank calls this together)."""
+    lora = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    with torch.no_grad(), _gathered([p for _, p in lora]):
+        return {n: p.detach().to("cpu").clone() for n, p in lora}
+
+
+def iter_adapter_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[Bucket]:
+    """A peft model's LoRA adapter alone, under the names peft saves it with, in buckets of at
+    most ``bucket_bytes`` (one ZeRO-3 gather of all adapter parameters, on the first bucket)."""
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(model, state_dict=gathered_adapter_state(model))
+    yield from _chunks(state.items(), _item_nbytes, bucket_bytes)
+
+
+def _item_nbytes(item: tuple[str, torch.Tensor]) -> int:
+    return item[1].numel() * item[1].element_size()
+
+
+def adapter_config(model: torch.nn.Module) -> dict[str, Any]:
+    """A peft model's ``LoraConfig`` as plain JSON (``adapter_config.json``'s content, target
+    modules resolved to names)."""
+    config = model.peft_config["default"].to_dict()
+    return json.loads(json.dumps(config, default=sorted))  # sets -> sorted lists
 
 
 def _materialise(units: list[WeightUnit]) -> Bucket:

@@ -41,7 +41,14 @@ from roll_ds.models.lora import hf_model_of
 from roll_ds.platform import current_platform
 from strategies import _common
 from strategies._value_model import apply_value_lora, forward_values, load_value_model
-from strategies._weights import copy_tokenizer_files, iter_weight_buckets, save_hf_weights
+from strategies._weights import (
+    adapter_config,
+    copy_tokenizer_files,
+    gathered_adapter_state,
+    iter_adapter_buckets,
+    iter_weight_buckets,
+    save_hf_weights,
+)
 from strategies._zero import batched_forward, plain_strategy_config, release_zero3_params
 from strategies.base import StrategyContext
 
@@ -405,28 +412,12 @@ class DeepSpeedTrainStrategy:
                 "weight_sync.lora_sync=adapter needs a LoRA policy (actor_train.model_args."
                 "lora_rank); use lora_sync=merged for full fine-tuning"
             )
-        from peft import get_peft_model_state_dict
-
-        state = get_peft_model_state_dict(self.module, state_dict=self._adapter_state())
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in state.items():
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+        release_zero3_params(self.engine)
+        return iter_adapter_buckets(self.module, bucket_bytes)
 
     def adapter_config(self) -> dict[str, Any]:
-        """The policy's peft ``LoraConfig`` as plain JSON (``adapter_config.json``'s content,
-        target modules resolved to names)."""
-        import json
-
-        config = self.module.peft_config["default"].to_dict()
-        return json.loads(json.dumps(config, default=sorted))  # sets -> sorted lists
+        """The policy's peft ``LoraConfig`` as ``adapter_config.json`` content."""
+        return adapter_config(self.module)
 
     def export_hf(
         self,
@@ -458,19 +449,9 @@ class DeepSpeedTrainStrategy:
         _barrier()
         return written
 
-    def _adapter_state(self) -> dict[str, torch.Tensor]:
-        """CPU copies of the trainable (adapter) parameters, gathered under ZeRO-3 (every rank
-        calls this together)."""
-        import deepspeed
-
-        release_zero3_params(self.engine)
-        lora = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        zero3 = [p for _, p in lora if hasattr(p, "ds_id")]
-        with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None, enabled=bool(zero3)):
-            return {n: p.detach().to("cpu").clone() for n, p in lora}
-
     def _export_adapter(self, adapter_dir: str, is_writer: bool) -> None:
-        state = self._adapter_state()
+        release_zero3_params(self.engine)
+        state = gathered_adapter_state(self.module)
         if is_writer:
             self.module.save_pretrained(adapter_dir, state_dict=state, safe_serialization=True)
 
