@@ -5,6 +5,9 @@
     # switch the ZeRO stage (quoted so the shell leaves ${...} alone):
     python run.py --config-name rlvr_lora_zero3 \
         actor_train.strategy_args.strategy_config='${deepspeed_zero2}'
+
+When Hydra rejects an override (a misspelled key, a key inside an interpolated strategy_config),
+a roll_ds hint follows its message (``roll_ds/config/hints.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the typed schema with Hydra)
 from roll_ds.config import ConfigError, to_schema, validate
+from roll_ds.config.hints import hint_for_exception
 
 
 @hydra.main(config_path="examples/qwen_rlvr", config_name=None, version_base="1.3")
@@ -32,5 +36,17 @@ def main(raw: DictConfig) -> None:
     run_pipeline(cfg)
 
 
+def cli() -> None:
+    """``main``, with roll_ds's hint printed under Hydra's message when Hydra rejects the config.
+    Hydra prints the error and exits 1 while handling it, so the error is the exit's context."""
+    try:
+        main()
+    except SystemExit as exit_:
+        hint = hint_for_exception(exit_.__context__) if exit_.code == 1 else None
+        if hint:
+            print(f"roll_ds hint: {hint}", file=sys.stderr)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -48,16 +48,71 @@ def offload_devices(ds_config: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
+# Numeric settings of the presets: key path -> (lowest value, what the boundary means). "auto" is
+# left to build_deepspeed_config, which fills it or names the key it cannot fill.
+MIN_VALUES: dict[str, tuple[int, str]] = {
+    "train_batch_size": (1, ""),
+    "train_micro_batch_size_per_gpu": (1, ""),
+    "gradient_accumulation_steps": (1, ""),
+    "gradient_clipping": (0, "0: no clipping"),
+    "steps_per_print": (1, ""),
+    "fp16.loss_scale": (0, "0: dynamic loss scaling"),
+    "fp16.initial_scale_power": (0, ""),
+    "fp16.loss_scale_window": (1, ""),
+    "fp16.hysteresis": (1, ""),
+    "fp16.min_loss_scale": (0, ""),
+    "zero_optimization.allgather_bucket_size": (1, ""),
+    "zero_optimization.reduce_bucket_size": (1, ""),
+    "zero_optimization.sub_group_size": (1, ""),
+    "zero_optimization.stage3_prefetch_bucket_size": (0, ""),
+    "zero_optimization.stage3_param_persistence_threshold": (0, ""),
+    "zero_optimization.stage3_max_live_parameters": (0, ""),
+    "zero_optimization.stage3_max_reuse_distance": (0, ""),
+}
+BOOL_KEYS = (
+    "wall_clock_breakdown",
+    "zero_optimization.allgather_partitions",
+    "zero_optimization.overlap_comm",
+    "zero_optimization.reduce_scatter",
+    "zero_optimization.contiguous_gradients",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+    "zero_optimization.offload_optimizer.pin_memory",
+    "zero_optimization.offload_param.pin_memory",
+)
+SECTIONS = (
+    "zero_optimization",
+    "fp16",
+    "bf16",
+    "zero_optimization.offload_optimizer",
+    "zero_optimization.offload_param",
+)
+
+
 def check_deepspeed_config(ds_config: Mapping[str, Any], where: str) -> list[str]:
     """Problems a DeepSpeed config has on its own (before "auto" is filled); ``where`` names it."""
+    for path in SECTIONS:
+        section = _lookup(ds_config, path)
+        if section is not None and not isinstance(section, Mapping):
+            return [f"{where}.{path}: must be a mapping, got {section!r}"]
     problems = []
     zero = ds_config.get("zero_optimization") or {}
     stage = zero.get("stage", 0)
-    if stage not in VALID_STAGES:
+    if isinstance(stage, bool) or stage not in VALID_STAGES:
         problems.append(
             f"{where}.zero_optimization.stage: {stage!r} is not a ZeRO stage; use one of 0, 1, 2, 3"
         )
         return problems
+    problems += _offload_problems(ds_config, stage, where)
+    problems += _value_problems(ds_config, where)
+    fp16 = (ds_config.get("fp16") or {}).get("enabled") is True
+    bf16 = (ds_config.get("bf16") or {}).get("enabled") is True
+    if fp16 and bf16:
+        problems.append(f"{where}: fp16.enabled and bf16.enabled are both true; pick one")
+    return problems
+
+
+def _offload_problems(ds_config: Mapping[str, Any], stage: int, where: str) -> list[str]:
+    problems = []
     offloads = offload_devices(ds_config)
     if "offload_optimizer" in offloads and stage < 2:
         problems.append(
@@ -75,11 +130,38 @@ def check_deepspeed_config(ds_config: Mapping[str, Any], where: str) -> list[str
             problems.append(
                 f"{where}.zero_optimization.{key}.device: {device!r} is not cpu, nvme or none"
             )
-    fp16 = (ds_config.get("fp16") or {}).get("enabled") is True
-    bf16 = (ds_config.get("bf16") or {}).get("enabled") is True
-    if fp16 and bf16:
-        problems.append(f"{where}: fp16.enabled and bf16.enabled are both true; pick one")
     return problems
+
+
+def _value_problems(ds_config: Mapping[str, Any], where: str) -> list[str]:
+    """Numbers below their minimum, strings where numbers or booleans belong."""
+    problems = []
+    for path, (low, meaning) in MIN_VALUES.items():
+        value = _lookup(ds_config, path)
+        if value is None or value == AUTO:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= low:
+            note = f" ({meaning})" if meaning else ""
+            problems.append(f"{where}.{path}: must be a number >= {low}{note}, got {value!r}")
+    for path in BOOL_KEYS:
+        value = _lookup(ds_config, path)
+        if value is not None and not isinstance(value, bool):
+            problems.append(f"{where}.{path}: must be true or false, got {value!r}")
+    for name in ("fp16", "bf16"):
+        enabled = (ds_config.get(name) or {}).get("enabled")
+        if enabled is not None and enabled != AUTO and not isinstance(enabled, bool):
+            problems.append(f"{where}.{name}.enabled: must be true, false or auto, got {enabled!r}")
+    return problems
+
+
+def _lookup(ds_config: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted ``path``, or None where a section or key is absent."""
+    node: Any = ds_config
+    for key in path.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    return node
 
 
 def build_deepspeed_config(

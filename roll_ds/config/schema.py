@@ -82,6 +82,9 @@ class DataArgs:
     # Sampling weight of each domain when mixing prompts; empty: proportional to the data.
     domain_interleave_probs: dict[str, float] = field(default_factory=dict)
     max_samples: int | None = None
+    # Drop prompts longer than the pipeline's prompt_length (the count is logged) instead of
+    # failing at start-up.
+    filter_overlong_prompts: bool = False
 
 
 @dataclass
@@ -134,6 +137,10 @@ class AlgorithmConfig:
     clip_high: float = 0.2
     dual_clip: float | None = None
     ratio_level: str = "token"  # token | sequence (GSPO)
+    # GSPO (ratio_level: sequence): the clip range of the sequence ratio, used instead of
+    # clip_low / clip_high (the GSPO paper: 3e-4 / 4e-4).
+    seq_clip_low: float = 3.0e-4
+    seq_clip_high: float = 4.0e-4
     loss_agg_mode: str = "token-mean"
     # KL to the reference policy: as a loss term (use_kl_loss) or a reward penalty (kl_in_reward).
     kl_estimator: str = "k3"  # k1 | k2 | k3
@@ -144,8 +151,14 @@ class AlgorithmConfig:
     # Rollout filtering and corrections.
     dynamic_sampling: bool = False
     max_resample_rounds: int = 3  # dynamic_sampling only
+    # Drop truncated responses (finish reason "length") from the loss only; rewards, advantages
+    # and the critic still see them.
     mask_truncated: bool = False
     tis_cap: float | None = None
+    # DAPO soft overlong punishment: a response within the last overlong_buffer_len tokens of
+    # response_length loses up to overlong_penalty_factor of its score, linearly. 0: off.
+    overlong_buffer_len: int = 0
+    overlong_penalty_factor: float = 1.0
 
 
 @dataclass
@@ -163,7 +176,9 @@ class WeightSyncConfig:
     # Parity check: after a sync, vLLM's and the trainer's log-probs on a fixed probe batch.
     parity_check: bool = True
     parity_probe_size: int = 4
-    parity_max_abs_diff: float | None = None  # error above this max |delta|; null: only log
+    # Stop the run when vLLM's log-probs differ from the trainer's by more than this max |delta|
+    # after a sync; null: the default for the rollout dtype (weight_sync/parity.py).
+    parity_max_abs_diff: float | None = None
 
 
 @dataclass
@@ -202,6 +217,7 @@ class RLVRConfig:
 
     max_steps: int = 100
     save_steps: int = 0  # 0: no periodic checkpoints
+    keep_last: int = 3  # complete checkpoints kept on disk (older ones are deleted); 0: all
     logging_steps: int = 1
     eval_steps: int = 0  # 0: no periodic evaluation
     resume_from_checkpoint: str | None = None

@@ -1,20 +1,25 @@
 """Check a composed pipeline config before any actor starts.
 
 Every problem is collected and reported at once; each line names the field and the fix. Type and
-key errors are already caught by Hydra against the schema; this module checks what types cannot:
-names that must exist in a registry, device placement, batch arithmetic, cross-role consistency.
-Settings that are valid but have no effect (``config_warnings``) are logged as warnings.
+key errors are already caught by Hydra against the schema; the allowed values of each scalar field
+are tables in ``ranges.py``; this module applies them and checks what neither can: names that must
+exist in a registry, device placement, batch arithmetic, lengths against the rollout engine,
+cross-role consistency. Settings that are valid but have no effect (``no_effect.config_warnings``)
+are logged as warnings.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from roll_ds.config import ranges
 from roll_ds.config.deepspeed import (
     DeepSpeedConfigError,
     DeepSpeedInputs,
@@ -22,16 +27,12 @@ from roll_ds.config.deepspeed import (
     check_deepspeed_config,
 )
 from roll_ds.config.device_mapping import DeviceMappingError, parse_device_mapping
-from roll_ds.config.estimators import (
-    ALWAYS_WHITENED,
-    ESTIMATOR_OPTIONS,
-    estimators_using,
-    needs_critic,
-)
+from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
+from roll_ds.config.hints import close_keys
+from roll_ds.config.no_effect import config_warnings
 from roll_ds.config.schema import (
-    DTYPES,
     EMBEDDED_MODEL,
-    AlgorithmConfig,
+    ModelArgs,
     RewardConfig,
     RLVRConfig,
     WorkerConfig,
@@ -44,6 +45,18 @@ logger = logging.getLogger(__name__)
 DEVICE_ROLES = ("actor_train", "actor_infer", "reference", "critic")
 # Roles that train on the rollout batch every step.
 TRAIN_ROLES = ("actor_train", "critic")
+# Embedding and output-head modules: LoRA on them is not merged into the weights that reach the
+# rollout engine (roll_ds.models.lora.weight_units merges the LoRA of linear layers, and an output
+# head tied to the embedding is re-emitted from the embedding's weight).
+EMBEDDING_MODULES = (
+    "embed_tokens",
+    "lm_head",
+    "wte",
+    "wpe",
+    "word_embeddings",
+    "embed_in",
+    "embed_out",
+)
 
 
 class ConfigError(ValueError):
@@ -65,11 +78,20 @@ class RolePlacement:
 
 
 def to_schema(cfg: DictConfig) -> RLVRConfig:
-    """Resolve interpolations and convert to the typed schema; missing values become errors."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ConfigError([f"{key}: required value is missing (???); set it" for key in missing])
-    obj = OmegaConf.to_object(cfg)
+    """Resolve interpolations and convert to the typed schema; missing values and interpolations
+    that do not resolve become errors."""
+    unknown = list(_unknown_keys(cfg))
+    if unknown:
+        raise ConfigError(unknown)
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ConfigError(
+                [f"{key}: required value is missing (???); set it" for key in missing]
+            )
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise ConfigError([_omegaconf_problem(cfg, exc)]) from None
     if not isinstance(obj, RLVRConfig):
         raise ConfigError(
             [
@@ -78,6 +100,43 @@ def to_schema(cfg: DictConfig) -> RLVRConfig:
             ]
         )
     return obj
+
+
+def _unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[str]:
+    """Keys of typed sections that their schema does not have. Hydra rejects them, except when
+    an override adds them with ``+`` (OmegaConf.to_object would then drop them silently)."""
+    schema_type = OmegaConf.get_type(node)
+    known = {f.name for f in fields(schema_type)} if is_dataclass(schema_type) else None
+    for key in node:
+        full_key = f"{prefix}{key}"
+        if known is not None and key not in known:
+            close = close_keys(str(key), schema_type)
+            guess = f"; did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
+            yield (
+                f"{full_key}: not a key of {schema_type.__name__}{guess}; remove it (a `+` "
+                "override adds keys that nothing reads)"
+            )
+            continue
+        if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
+            continue
+        child = node[key]
+        if isinstance(child, DictConfig):
+            yield from _unknown_keys(child, f"{full_key}.")
+
+
+def _omegaconf_problem(cfg: DictConfig, exc: OmegaConfBaseException) -> str:
+    """One line for an OmegaConf error while resolving ``cfg``; a DeepSpeed preset that is not
+    there gets the list of the ones that are."""
+    key = getattr(exc, "full_key", None) or "config"
+    problem = f"{key}: {str(exc).splitlines()[0]}"
+    if key.endswith("strategy_args.strategy_config"):
+        presets = [k for k in cfg if str(k).startswith("deepspeed_") and cfg.get(k) is not None]
+        problem += (
+            "; the DeepSpeed presets this config pulls in are "
+            + ", ".join(f"${{{p}}}" for p in presets)
+            + " (another needs `- ../config/<name>@_here_` in the YAML's defaults)"
+        )
+    return problem
 
 
 def role_configs(cfg: RLVRConfig) -> Iterator[tuple[str, WorkerConfig]]:
@@ -128,7 +187,7 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     for line in warnings:
         logger.warning("config: %s", line)
     problems: list[str] = []
-    problems += _check_cluster(cfg)
+    problems += _check_fields(cfg)
     placements: dict[str, RolePlacement] = {}
     for name, role in role_configs(cfg):
         try:
@@ -137,6 +196,7 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
             problems.append(str(exc))
         problems += _check_role(cfg, name, role, placements.get(name))
     problems += _check_pipeline(cfg, placements)
+    problems += _check_lengths(cfg, check_files=check_files)
     problems += _check_algorithm(cfg)
     if check_files:
         problems += _check_paths(cfg)
@@ -145,133 +205,141 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     return warnings
 
 
-def config_warnings(cfg: RLVRConfig) -> list[str]:
-    """Settings that are valid but have no effect with the rest of ``cfg``, one line each naming
-    the field and when it does apply."""
-    algo = cfg.algorithm
-    defaults = {f.name: f.default for f in fields(AlgorithmConfig)}
-    estimator = algo.adv_estimator
-    if estimator not in ESTIMATOR_OPTIONS:
-        return []  # reported as a problem
-    warnings = []
-    for option in ("gamma", "lam"):
-        value = getattr(algo, option)
-        if value != defaults[option] and option not in ESTIMATOR_OPTIONS[estimator]:
-            warnings.append(
-                f"algorithm.{option}={value} has no effect with adv_estimator {estimator!r}; it "
-                f"is used by {', '.join(estimators_using(option))}"
-            )
-    if algo.whiten_advantages and estimator in ALWAYS_WHITENED:
-        warnings.append(
-            f"algorithm.whiten_advantages has no effect with adv_estimator {estimator!r}, whose "
-            "advantages are always whitened"
-        )
-    if not algo.dynamic_sampling and algo.max_resample_rounds != defaults["max_resample_rounds"]:
-        warnings.append(
-            f"algorithm.max_resample_rounds={algo.max_resample_rounds} has no effect while "
-            "algorithm.dynamic_sampling is false"
-        )
-    if not needs_critic(estimator):
-        critic_users = ", ".join(e for e in sorted(ESTIMATOR_OPTIONS) if needs_critic(e))
-        if cfg.critic is not None:
-            warnings.append(
-                f"critic: configured but adv_estimator {estimator!r} uses no critic; the role is "
-                f"not started (it is used by {critic_users})"
-            )
-        for option in ("value_clip", "vf_coef"):
-            value = getattr(algo, option)
-            if value != defaults[option]:
-                warnings.append(
-                    f"algorithm.{option}={value} has no effect with adv_estimator {estimator!r} "
-                    f"(no critic); it is used by {critic_users}"
-                )
-    return warnings
+# --- problems ------------------------------------------------------------------------------
 
 
-def _check_cluster(cfg: RLVRConfig) -> list[str]:
+def _check_fields(cfg: RLVRConfig) -> list[str]:
+    """The pipeline-wide sections' scalar fields against their ranges (``ranges.py``); the
+    roles' are checked by ``_role_fields``."""
+    sections = [
+        ("", cfg, ranges.PIPELINE),
+        ("algorithm", cfg.algorithm, ranges.ALGORITHM),
+        ("weight_sync", cfg.weight_sync, ranges.WEIGHT_SYNC),
+        ("ray", cfg.ray, ranges.RAY),
+        ("tracking", cfg.tracking, ranges.TRACKING),
+        ("validation", cfg.validation, ranges.VALIDATION),
+        ("validation.generating_args", cfg.validation.generating_args, ranges.GENERATING_ARGS),
+        ("validation.data_args", cfg.validation.data_args, ranges.DATA_ARGS),
+    ]
     problems = []
-    if cfg.num_gpus_per_node < 1:
-        problems.append(
-            f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node} (devices per node)"
-        )
-    if cfg.num_nodes < 1:
-        problems.append(f"num_nodes: must be >= 1, got {cfg.num_nodes}")
+    for prefix, section, rules in sections:
+        problems += ranges.field_problems(prefix, section, rules)
+    return problems
+
+
+def _role_fields(name: str, role: WorkerConfig) -> list[str]:
+    """A role's scalar fields against their ranges; only the sections the role reads."""
+    sections = [("", role, ranges.WORKER), ("model_args", role.model_args, ranges.MODEL_ARGS)]
+    if name in TRAIN_ROLES:
+        sections.append(("training_args", role.training_args, ranges.TRAINING_ARGS))
+    if name == "actor_infer":
+        sections.append(("generating_args", role.generating_args, ranges.GENERATING_ARGS))
+    if name == "actor_train":
+        sections.append(("data_args", role.data_args, ranges.DATA_ARGS))
+    if isinstance(role, RewardConfig):
+        sections.append(("", role, ranges.REWARD))
+    problems = []
+    for prefix, section, rules in sections:
+        problems += ranges.field_problems(f"{name}.{prefix}".rstrip("."), section, rules)
     return problems
 
 
 def _check_role(
     cfg: RLVRConfig, name: str, role: WorkerConfig, where: RolePlacement | None
 ) -> list[str]:
-    problems = []
-    strategy = role.strategy_args.strategy_name
-    is_device_role = name in DEVICE_ROLES
-    if strategy is None:
-        if is_device_role:
-            problems.append(
-                f"{name}.strategy_args.strategy_name: required; valid: "
-                + ", ".join(STRATEGIES.names())
-            )
-    elif strategy not in STRATEGIES:
-        unknown = STRATEGIES.unknown_message(strategy)
-        problems.append(f"{name}.strategy_args.strategy_name: {unknown}")
-    else:
-        spec = STRATEGY_SPECS[strategy]
-        if name in ("actor_train", "critic") and not spec.trains:
-            trainers = [n for n, s in STRATEGY_SPECS.items() if s.trains]
-            problems.append(
-                f"{name}.strategy_args.strategy_name: {strategy!r} cannot train; use one of "
-                f"{', '.join(trainers)}"
-            )
-        if name == "actor_infer" and not spec.generates:
-            generators = [n for n, s in STRATEGY_SPECS.items() if s.generates]
-            problems.append(
-                f"{name}.strategy_args.strategy_name: {strategy!r} cannot generate rollouts; use "
-                f"one of {', '.join(generators)}"
-            )
-        if strategy.startswith("deepspeed"):
-            problems += _check_deepspeed(name, role, where)
-
+    problems = _check_strategy(name, role, where)
     if where is not None:
-        if is_device_role and not where.devices:
-            problems.append(
-                f"{name}.device_mapping: the role has no devices; give it some, e.g. "
-                "device_mapping: list(range(0,2))"
-            )
-        total = cfg.num_nodes * cfg.num_gpus_per_node
-        beyond = [d for d in where.devices if d >= total]
-        if beyond and cfg.num_gpus_per_node >= 1 and cfg.num_nodes >= 1:
-            problems.append(
-                f"{name}.device_mapping: device ids {beyond} are beyond the cluster "
-                f"(num_nodes {cfg.num_nodes} x num_gpus_per_node {cfg.num_gpus_per_node} = "
-                f"{total} devices, ids 0-{total - 1}); lower the ids or raise num_nodes"
-            )
-        elif where.devices_per_worker > 1 and cfg.num_gpus_per_node >= 1:
-            for start in range(0, len(where.devices), where.devices_per_worker):
-                group = where.devices[start : start + where.devices_per_worker]
-                if len({d // cfg.num_gpus_per_node for d in group}) > 1:
-                    problems.append(
-                        f"{name}.device_mapping: worker devices {group} span two nodes; the "
-                        f"num_gpus_per_worker={where.devices_per_worker} devices of a worker must "
-                        "sit on one node"
-                    )
-                    break
-
+        problems += _check_devices(cfg, name, where)
     if isinstance(role, RewardConfig):
-        from roll_ds.rewards.registry import validate_reward_specs
-
-        problems += [f"{name}.{p}" for p in validate_reward_specs(list(role.reward_fns))]
-        if not role.tag_included:
-            problems.append(f"{name}.tag_included: list the data domains this role scores")
-
-    dtype = role.model_args.dtype
-    if dtype not in DTYPES:
-        problems.append(f"{name}.model_args.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-    rank = role.model_args.lora_rank
-    if rank is not None and rank < 1:
-        problems.append(f"{name}.model_args.lora_rank: must be >= 1 or null (no LoRA), got {rank}")
-    if role.infer_batch_size < 1:
-        problems.append(f"{name}.infer_batch_size: must be >= 1, got {role.infer_batch_size}")
+        problems += _check_reward(name, role)
+    problems += _role_fields(name, role)
+    problems += _check_lora_target(name, role.model_args)
     return problems
+
+
+def _check_strategy(name: str, role: WorkerConfig, where: RolePlacement | None) -> list[str]:
+    strategy = role.strategy_args.strategy_name
+    field = f"{name}.strategy_args.strategy_name"
+    if strategy is None:
+        if name in DEVICE_ROLES:
+            return [f"{field}: required; valid: " + ", ".join(STRATEGIES.names())]
+        return []
+    if strategy not in STRATEGIES:
+        return [f"{field}: {STRATEGIES.unknown_message(strategy)}"]
+    problems = []
+    spec = STRATEGY_SPECS[strategy]
+    if name in TRAIN_ROLES and not spec.trains:
+        trainers = [n for n, s in STRATEGY_SPECS.items() if s.trains]
+        problems.append(f"{field}: {strategy!r} cannot train; use one of {', '.join(trainers)}")
+    if name == "actor_infer" and not spec.generates:
+        generators = [n for n, s in STRATEGY_SPECS.items() if s.generates]
+        problems.append(
+            f"{field}: {strategy!r} cannot generate rollouts; use one of {', '.join(generators)}"
+        )
+    if strategy.startswith("deepspeed"):
+        problems += _check_deepspeed(name, role, where)
+    if strategy == "vllm":
+        problems += _check_vllm(name, role)
+    return problems
+
+
+def _check_devices(cfg: RLVRConfig, name: str, where: RolePlacement) -> list[str]:
+    if name in DEVICE_ROLES and not where.devices:
+        return [
+            f"{name}.device_mapping: the role has no devices; give it some, e.g. "
+            "device_mapping: list(range(0,2))"
+        ]
+    per_node = cfg.num_gpus_per_node
+    if per_node < 1 or cfg.num_nodes < 1:
+        return []  # reported by _check_fields
+    total = cfg.num_nodes * per_node
+    beyond = [d for d in where.devices if d >= total]
+    if beyond:
+        return [
+            f"{name}.device_mapping: device ids {beyond} are beyond the cluster "
+            f"(num_nodes {cfg.num_nodes} x num_gpus_per_node {per_node} = "
+            f"{total} devices, ids 0-{total - 1}); lower the ids or raise num_nodes"
+        ]
+    size = where.devices_per_worker
+    if size <= 1:
+        return []
+    for start in range(0, len(where.devices), size):
+        group = where.devices[start : start + size]
+        if len({d // per_node for d in group}) > 1:
+            return [
+                f"{name}.device_mapping: worker devices {group} span two nodes; the "
+                f"num_gpus_per_worker={size} devices of a worker must sit on one node"
+            ]
+    return []
+
+
+def _check_reward(name: str, role: RewardConfig) -> list[str]:
+    from roll_ds.rewards.registry import validate_reward_specs
+
+    problems = [f"{name}.{p}" for p in validate_reward_specs(list(role.reward_fns))]
+    if not role.tag_included:
+        problems.append(f"{name}.tag_included: list the data domains this role scores")
+    return problems
+
+
+def _check_lora_target(name: str, model: ModelArgs) -> list[str]:
+    """A LoRA target list that is empty, or that names embedding / output-head modules on the
+    policy (their LoRA would never reach the rollout engine)."""
+    if model.lora_rank is None:
+        return []
+    field = f"{name}.model_args.lora_target"
+    targets = [t.strip() for t in model.lora_target.split(",") if t.strip()]
+    if not targets:
+        return [f"{field}: empty; use 'all-linear' or a comma list such as 'q_proj,v_proj'"]
+    embeddings = [t for t in targets if t.rsplit(".", 1)[-1] in EMBEDDING_MODULES]
+    if name != "actor_train" or not embeddings:
+        return []
+    return [
+        f"{field}: LoRA on {', '.join(embeddings)} (an embedding, or an output head tied to one) "
+        "is not merged into the weights synced to the rollout engine, so rollouts would not see "
+        f"it; remove {'it' if len(embeddings) == 1 else 'them'} from lora_target ('all-linear' "
+        "leaves embeddings and the head out)"
+    ]
 
 
 def _check_deepspeed(name: str, role: WorkerConfig, where: RolePlacement | None) -> list[str]:
@@ -283,9 +351,10 @@ def _check_deepspeed(name: str, role: WorkerConfig, where: RolePlacement | None)
             "with `- ../config/deepspeed_zero3@_here_` in defaults"
         ]
     problems = check_deepspeed_config(ds, field)
-    if problems or where is None or not where.devices:
-        return problems
     args = role.training_args
+    batch_ok = min(args.per_device_train_batch_size, args.gradient_accumulation_steps) >= 1
+    if problems or where is None or not where.devices or not batch_ok:
+        return problems  # bad batch sizes are reported by the training_args ranges
     inputs = DeepSpeedInputs(
         micro_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -300,45 +369,43 @@ def _check_deepspeed(name: str, role: WorkerConfig, where: RolePlacement | None)
     return problems
 
 
-def _check_pipeline(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> list[str]:
-    problems = []
-    for key in ("max_steps", "rollout_batch_size", "num_return_sequences_in_group"):
-        if getattr(cfg, key) < 1:
-            problems.append(f"{key}: must be >= 1, got {getattr(cfg, key)}")
-    for key in ("prompt_length", "response_length"):
-        if getattr(cfg, key) < 1:
-            problems.append(f"{key}: must be >= 1, got {getattr(cfg, key)}")
+def _check_vllm(name: str, role: WorkerConfig) -> list[str]:
+    """``strategy_config`` of a vllm role: ``vllm.LLM`` keyword arguments, less the ones the
+    strategy sets itself."""
+    from strategies.vllm import OWNED_KWARGS
 
+    field = f"{name}.strategy_args.strategy_config"
+    kwargs = role.strategy_args.strategy_config
+    if kwargs is None:
+        return []
+    if not isinstance(kwargs, Mapping):
+        return [
+            f"{field}: vllm takes a mapping of vllm.LLM keyword arguments or null, got {kwargs!r}"
+        ]
+    return [
+        f"{field}.{key}: the vllm strategy sets it; remove it (set {owner} instead)"
+        for key, owner in OWNED_KWARGS.items()
+        if key in kwargs
+    ]
+
+
+def _check_pipeline(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> list[str]:
     group = cfg.num_return_sequences_in_group
     infer_n = cfg.actor_infer.generating_args.num_return_sequences
+    problems = []
     if infer_n != group:
         problems.append(
             f"actor_infer.generating_args.num_return_sequences: {infer_n} != "
             f"num_return_sequences_in_group {group}; set it to ${{num_return_sequences_in_group}}"
         )
     for name in TRAIN_ROLES:
-        train = placements.get(name)
-        if train is None or train.world_size < 1 or cfg.rollout_batch_size < 1 or group < 1:
-            continue
-        args = getattr(cfg, name).training_args
-        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        step_samples = per_step * train.world_size
-        samples = cfg.rollout_batch_size * group
-        if samples % step_samples:
-            problems.append(
-                f"rollout_batch_size x num_return_sequences_in_group = {cfg.rollout_batch_size} x "
-                f"{group} = {samples} samples per step is not a multiple of {name}'s "
-                f"train batch ({name}.training_args: per_device_train_batch_size "
-                f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
-                f"{args.gradient_accumulation_steps} x world size {train.world_size} = "
-                f"{step_samples}); adjust one of them"
-            )
+        if name in placements:
+            problems += _check_train_batch(cfg, name, placements[name])
     lora = cfg.actor_train.model_args.lora_rank is not None
-    algo = cfg.algorithm
-    if algo.kl_coef > 0 and not lora and cfg.reference is None:
+    if cfg.algorithm.kl_coef > 0 and not lora and cfg.reference is None:
         problems.append(
-            "reference: algorithm.kl_coef > 0 needs reference log-probs; configure `reference:` "
-            "or use LoRA (the adapter-disabled actor is the reference)"
+            "reference: algorithm.kl_coef > 0 needs reference log-probs; configure "
+            "`reference:` or use LoRA (the adapter-disabled actor is the reference)"
         )
     from roll_ds.weight_sync import check_transport_name
 
@@ -349,7 +416,137 @@ def _check_pipeline(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> li
     problems += _check_lora_sync(cfg)
     if not cfg.rewards:
         problems.append("rewards: no reward role; add e.g. rewards.math with reward_fns")
+    problems += _check_domains(cfg)
     return problems
+
+
+def _check_train_batch(cfg: RLVRConfig, name: str, train: RolePlacement) -> list[str]:
+    """The step's samples must split into whole optimizer steps of the role."""
+    args = getattr(cfg, name).training_args
+    group = cfg.num_return_sequences_in_group
+    sizes = (args.per_device_train_batch_size, args.gradient_accumulation_steps, train.world_size)
+    if min(*sizes, cfg.rollout_batch_size, group) < 1:
+        return []  # reported by the ranges (a zero here was a ZeroDivisionError)
+    step_samples = sizes[0] * sizes[1] * sizes[2]
+    samples = cfg.rollout_batch_size * group
+    if samples % step_samples == 0:
+        return []
+    return [
+        f"rollout_batch_size x num_return_sequences_in_group = {cfg.rollout_batch_size} x "
+        f"{group} = {samples} samples per step is not a multiple of {name}'s "
+        f"train batch ({name}.training_args: per_device_train_batch_size "
+        f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
+        f"{args.gradient_accumulation_steps} x world size {train.world_size} = "
+        f"{step_samples}); adjust one of them"
+    ]
+
+
+def _check_domains(cfg: RLVRConfig) -> list[str]:
+    """Each domain is scored by one reward role; sampled domains have a reward role; held-out
+    data exists when evaluation is on."""
+    problems = []
+    owner: dict[str, str] = {}
+    for role_name, reward in cfg.rewards.items():
+        for tag in reward.tag_included:
+            if tag in owner:
+                problems.append(
+                    f"rewards.{role_name}.tag_included: domain {tag!r} is also in "
+                    f"rewards.{owner[tag]}.tag_included; score each domain with one role"
+                )
+            owner.setdefault(tag, role_name)
+    field = "actor_train.data_args.domain_interleave_probs"
+    weights = cfg.actor_train.data_args.domain_interleave_probs
+    if any(not w >= 0 for w in weights.values()) or (weights and sum(weights.values()) <= 0):
+        problems.append(
+            f"{field}: weights must be >= 0 with a positive sum, got {dict(weights)}; or leave it "
+            "empty (domains in proportion to the data)"
+        )
+    unscored = sorted(d for d, w in weights.items() if w > 0 and d not in owner)
+    if unscored and cfg.rewards:
+        problems.append(
+            f"{field}: domains {unscored} are scored by no reward role; add them to a "
+            "rewards.<name>.tag_included"
+        )
+    if cfg.eval_steps > 0 and not cfg.validation.data_args.file_name:
+        problems.append(
+            f"validation.data_args.file_name: eval_steps={cfg.eval_steps} evaluates on held-out "
+            "data but no file is listed; list jsonl files or set eval_steps=0"
+        )
+    return problems
+
+
+def _check_lengths(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
+    """Generation lengths against response_length and the rollout engine's context."""
+    problems = []
+    response = cfg.response_length
+    new_tokens = cfg.actor_infer.generating_args.max_new_tokens
+    if new_tokens is not None and new_tokens > response:
+        problems.append(
+            f"actor_infer.generating_args.max_new_tokens: {new_tokens} > response_length "
+            f"{response}; rollouts must fit response_length (the loss normalization and the "
+            "overlong penalty count on it): set it to ${response_length} or null"
+        )
+    if cfg.algorithm.overlong_buffer_len > response:
+        problems.append(
+            f"algorithm.overlong_buffer_len: {cfg.algorithm.overlong_buffer_len} > "
+            f"response_length {response}; the penalty window is the end of the response: "
+            "lower it"
+        )
+    if cfg.actor_infer.strategy_args.strategy_name == "vllm" and cfg.prompt_length >= 1:
+        problems += _check_model_len(cfg, check_files=check_files)
+    return problems
+
+
+def _longest_sequence(cfg: RLVRConfig) -> tuple[int, str]:
+    """Tokens a rollout (or evaluation) sequence can reach, and how that adds up."""
+    lengths = [(cfg.response_length, "response_length")]
+    gens = [("actor_infer", cfg.actor_infer.generating_args)]
+    if cfg.eval_steps:
+        gens.append(("validation", cfg.validation.generating_args))
+    for where, gen in gens:
+        if gen.max_new_tokens is not None:
+            lengths.append((gen.max_new_tokens, f"{where}.generating_args.max_new_tokens"))
+    longest, name = max(lengths, key=lambda length: length[0])  # ties: response_length
+    total = cfg.prompt_length + longest
+    return total, f"prompt_length {cfg.prompt_length} + {name} {longest} = {total}"
+
+
+def _check_model_len(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
+    need, how = _longest_sequence(cfg)
+    kwargs = cfg.actor_infer.strategy_args.strategy_config
+    limit = kwargs.get("max_model_len") if isinstance(kwargs, Mapping) else None
+    field = "actor_infer.strategy_args.strategy_config.max_model_len"
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            return [f"{field}: must be a whole number of tokens, got {limit!r}"]
+        if limit >= need:
+            return []
+        return [
+            f"{field}: {limit} is shorter than the longest sequence ({how} tokens); raise it to "
+            f"at least {need} or lower prompt_length / response_length"
+        ]
+    path = cfg.actor_infer.model_args.model_name_or_path or cfg.pretrain
+    positions = _max_positions(path) if check_files else None
+    if positions is None or positions >= need:
+        return []
+    return [
+        f"prompt_length + response_length: the longest sequence ({how} tokens) exceeds the "
+        f"model's max_position_embeddings {positions} ({path}/config.json), which vLLM takes "
+        "as max_model_len; lower prompt_length / response_length"
+    ]
+
+
+def _max_positions(model_dir: str) -> int | None:
+    """``max_position_embeddings`` of a local HF model directory; None when unknown or when
+    rope scaling stretches it."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or config.get("rope_scaling"):
+        return None
+    positions = config.get("max_position_embeddings")
+    return positions if isinstance(positions, int) else None
 
 
 def _check_lora_sync(cfg: RLVRConfig) -> list[str]:
@@ -392,31 +589,18 @@ def _check_lora_sync(cfg: RLVRConfig) -> list[str]:
 
 def _check_algorithm(cfg: RLVRConfig) -> list[str]:
     algo = cfg.algorithm
-    problems = []
     if algo.adv_estimator not in ESTIMATOR_OPTIONS:
-        problems.append(
+        return [
             f"algorithm.adv_estimator: unknown advantage estimator {algo.adv_estimator!r}; valid: "
             + ", ".join(sorted(ESTIMATOR_OPTIONS))
-        )
-    elif needs_critic(algo.adv_estimator) and cfg.critic is None:
-        problems.append(
+        ]
+    if needs_critic(algo.adv_estimator) and cfg.critic is None:
+        return [
             f"critic: adv_estimator {algo.adv_estimator!r} needs a critic role (the value model); "
             "configure `critic:` with strategy deepspeed_train (see "
             "examples/qwen_rlvr/rlvr_ppo_gae_zero3.yaml)"
-        )
-    if algo.ppo_epochs < 1:
-        problems.append(f"algorithm.ppo_epochs: must be >= 1, got {algo.ppo_epochs}")
-    for key in ("gamma", "lam"):
-        value = getattr(algo, key)
-        if not 0.0 <= value <= 1.0:
-            problems.append(f"algorithm.{key}: must be in [0, 1], got {value}")
-    if algo.value_clip is not None and algo.value_clip <= 0:
-        problems.append(
-            f"algorithm.value_clip: must be > 0 (or null: no value clipping), got {algo.value_clip}"
-        )
-    if algo.vf_coef <= 0:
-        problems.append(f"algorithm.vf_coef: must be > 0, got {algo.vf_coef}")
-    return problems
+        ]
+    return []
 
 
 def _check_paths(cfg: RLVRConfig) -> list[str]:

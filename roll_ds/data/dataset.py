@@ -10,6 +10,7 @@ Importing this module does not import torch; only the greedy decoding helpers ne
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from collections import defaultdict
@@ -58,14 +59,25 @@ def load_jsonl_rows(path: str | os.PathLike, default_domain: str = "math") -> li
     """Rows of a jsonl task file, validated; blank lines are skipped.
 
     Raises ``FileNotFoundError`` for a missing file and ``DatasetFormatError`` listing every
-    malformed line (first ``MAX_LISTED_PROBLEMS`` shown, then a count).
+    malformed line, lines that are not UTF-8 included (first ``MAX_LISTED_PROBLEMS`` shown, then
+    a count).
     """
     path = os.fspath(path)
     stem = os.path.splitext(os.path.basename(path))[0]
     rows: list[dict] = []
     problems: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                problems.append(
+                    f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} "
+                    "of the line); re-save the file as UTF-8"
+                )
+                continue
             if not line.strip():
                 continue
             try:

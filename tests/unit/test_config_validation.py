@@ -1,5 +1,6 @@
 """Each bad input is reported with the field and the fix, all problems at once."""
 
+import json
 import subprocess
 import sys
 
@@ -180,7 +181,7 @@ def test_critic_devices_beyond_cluster():
 
 def test_critic_lora_rank():
     msg = gae_only("critic.model_args.lora_rank=0")
-    assert msg == "critic.model_args.lora_rank: must be >= 1 or null (no LoRA), got 0"
+    assert msg == "critic.model_args.lora_rank: must be >= 1 (or null: no LoRA), got 0"
 
 
 def test_algorithm_ranges():
@@ -237,3 +238,339 @@ def test_cli_prints_the_zero_stage_override():
     assert result.returncode == 0, result.stderr
     actor = result.stdout.split("\nactor_train:\n", 1)[1].split("\nactor_infer:\n", 1)[0]
     assert "stage: 2" in actor and "stage: 3" not in actor
+
+
+# --- every field's range (roll_ds/config/ranges.py) -------------------------------------------
+
+
+def test_zero_micro_batch_is_one_clear_problem():
+    # Used to end in a ZeroDivisionError traceback in the batch arithmetic.
+    msg = only("actor_train.training_args.per_device_train_batch_size=0")
+    assert msg == "actor_train.training_args.per_device_train_batch_size: must be >= 1, got 0"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        # pipeline
+        ("max_steps=0", "max_steps: must be >= 1, got 0"),
+        ("prompt_length=0", "prompt_length: must be >= 1, got 0"),
+        ("save_steps=-1", "save_steps: must be >= 0 (0: no periodic checkpoints), got -1"),
+        ("keep_last=-1", "keep_last: must be >= 0 (0: keep every checkpoint), got -1"),
+        ("logging_steps=-1", "logging_steps: must be >= 0 (0 or 1: every step), got -1"),
+        ("eval_steps=-2", "eval_steps: must be >= 0 (0: no periodic evaluation), got -2"),
+        # training_args
+        (
+            "actor_train.training_args.learning_rate=-1e-5",
+            "actor_train.training_args.learning_rate: must be > 0, got -1e-05",
+        ),
+        (
+            "actor_train.training_args.weight_decay=-0.1",
+            "actor_train.training_args.weight_decay: must be >= 0, got -0.1",
+        ),
+        (
+            "actor_train.training_args.adam_beta2=1.0",
+            "actor_train.training_args.adam_beta2: must be in [0, 1), got 1.0",
+        ),
+        (
+            "actor_train.training_args.adam_epsilon=0",
+            "actor_train.training_args.adam_epsilon: must be > 0, got 0.0",
+        ),
+        (
+            "actor_train.training_args.gradient_accumulation_steps=0",
+            "actor_train.training_args.gradient_accumulation_steps: must be >= 1, got 0",
+        ),
+        (
+            "actor_train.training_args.warmup_steps=-1",
+            "actor_train.training_args.warmup_steps: must be >= 0, got -1",
+        ),
+        (
+            "actor_train.training_args.lr_scheduler_type=step",
+            "actor_train.training_args.lr_scheduler_type: 'step' is not one of constant, linear, "
+            "cosine",
+        ),
+        (
+            "actor_train.training_args.max_grad_norm=-1",
+            "actor_train.training_args.max_grad_norm: must be >= 0 (0: no gradient clipping), "
+            "got -1.0",
+        ),
+        # generating_args (the rollout role's and evaluation's)
+        (
+            "actor_infer.generating_args.temperature=-0.5",
+            "actor_infer.generating_args.temperature: must be >= 0 (0: greedy), got -0.5",
+        ),
+        (
+            "actor_infer.generating_args.top_p=0",
+            "actor_infer.generating_args.top_p: must be in (0, 1], got 0.0",
+        ),
+        (
+            "actor_infer.generating_args.top_k=-2",
+            "actor_infer.generating_args.top_k: must be >= -1 (-1 or 0: off), got -2",
+        ),
+        (
+            "actor_infer.generating_args.max_new_tokens=0",
+            "actor_infer.generating_args.max_new_tokens: must be >= 1 (or null: response_length), "
+            "got 0",
+        ),
+        (
+            "validation.generating_args.top_p=1.5",
+            "validation.generating_args.top_p: must be in (0, 1], got 1.5",
+        ),
+        # model_args
+        (
+            "actor_train.model_args.lora_alpha=0",
+            "actor_train.model_args.lora_alpha: must be > 0 (or null: 2 x lora_rank), got 0",
+        ),
+        (
+            "actor_train.model_args.lora_dropout=1.0",
+            "actor_train.model_args.lora_dropout: must be in [0, 1), got 1.0",
+        ),
+        (
+            "actor_train.model_args.attn_implementation=flash",
+            "actor_train.model_args.attn_implementation: 'flash' is not one of null, eager, sdpa, "
+            "fa2",
+        ),
+        # algorithm
+        ("algorithm.clip_low=1.0", "algorithm.clip_low: must be in [0, 1), got 1.0"),
+        ("algorithm.clip_high=-0.1", "algorithm.clip_high: must be >= 0, got -0.1"),
+        (
+            "algorithm.dual_clip=1.0",
+            "algorithm.dual_clip: must be > 1 (or null: no dual clip), got 1.0",
+        ),
+        ("algorithm.ratio_level=seq", "algorithm.ratio_level: 'seq' is not one of token, sequence"),
+        ("algorithm.seq_clip_low=1", "algorithm.seq_clip_low: must be in [0, 1), got 1.0"),
+        ("algorithm.seq_clip_high=-1e-4", "algorithm.seq_clip_high: must be >= 0, got -0.0001"),
+        (
+            "algorithm.loss_agg_mode=mean",
+            "algorithm.loss_agg_mode: 'mean' is not one of seq-mean-token-mean, "
+            "seq-mean-token-sum, seq-mean-token-sum-norm, token-mean",
+        ),
+        ("algorithm.kl_estimator=k4", "algorithm.kl_estimator: 'k4' is not one of k1, k2, k3"),
+        (
+            "algorithm.kl_coef=-0.1",
+            "algorithm.kl_coef: must be >= 0 (0: no KL to the reference), got -0.1",
+        ),
+        (
+            "algorithm.kl_coef=nan",
+            "algorithm.kl_coef: must be >= 0 (0: no KL to the reference), got nan",
+        ),
+        (
+            "algorithm.entropy_coef=-0.01",
+            "algorithm.entropy_coef: must be >= 0 (0: no entropy bonus), got -0.01",
+        ),
+        (
+            "algorithm.max_resample_rounds=0",
+            "algorithm.max_resample_rounds: must be >= 1 (1: no resampling), got 0",
+        ),
+        (
+            "algorithm.tis_cap=0",
+            "algorithm.tis_cap: must be > 0 (or null: no TIS correction), got 0.0",
+        ),
+        (
+            "algorithm.overlong_buffer_len=-1",
+            "algorithm.overlong_buffer_len: must be >= 0 (0: no overlong penalty), got -1",
+        ),
+        (
+            "algorithm.overlong_penalty_factor=-1",
+            "algorithm.overlong_penalty_factor: must be >= 0, got -1.0",
+        ),
+        # weight_sync, rewards, tracking, validation, data, ray
+        ("weight_sync.bucket_bytes=0", "weight_sync.bucket_bytes: must be >= 1, got 0"),
+        ("weight_sync.timeout_s=0", "weight_sync.timeout_s: must be > 0, got 0.0"),
+        ("weight_sync.parity_probe_size=0", "weight_sync.parity_probe_size: must be >= 1, got 0"),
+        (
+            "weight_sync.parity_max_abs_diff=0",
+            "weight_sync.parity_max_abs_diff: must be > 0 (or null: the default of the rollout "
+            "dtype), got 0.0",
+        ),
+        ("rewards.math.timeout_s=0", "rewards.math.timeout_s: must be > 0, got 0.0"),
+        (
+            "tracking.dump_rollouts_every=-1",
+            "tracking.dump_rollouts_every: must be >= 0 (0: never), got -1",
+        ),
+        (
+            "validation.max_prompts=0",
+            "validation.max_prompts: must be >= 1 (or null: every held-out row), got 0",
+        ),
+        (
+            "actor_train.data_args.max_samples=0",
+            "actor_train.data_args.max_samples: must be >= 1 (or null: every row), got 0",
+        ),
+        (
+            "actor_train.data_args.template=jinja",
+            "actor_train.data_args.template: 'jinja' is not one of raw, chat",
+        ),
+        ("ray.num_cpus=0", "ray.num_cpus: must be >= 1 (or null: all CPUs of the machine), got 0"),
+    ],
+)
+def test_field_ranges(override, expected):
+    assert only(override) == expected
+
+
+def test_name_lists_match_their_registries():
+    from roll_ds.algorithms.aggregation import AGG_MODES
+    from roll_ds.algorithms.kl import KL_ESTIMATORS
+    from roll_ds.algorithms.policy_loss import RATIO_LEVELS
+    from roll_ds.config import ranges
+    from strategies._common import SCHEDULES
+
+    assert sorted(ranges.LOSS_AGG_MODES) == AGG_MODES.names()
+    assert sorted(ranges.KL_ESTIMATORS) == KL_ESTIMATORS.names()
+    assert ranges.RATIO_LEVELS == RATIO_LEVELS
+    assert ranges.LR_SCHEDULES == SCHEDULES
+
+
+def test_training_args_of_a_role_that_does_not_train_are_not_checked():
+    load_config(
+        "rlvr_full_zero3",
+        ["reference.training_args.learning_rate=-1", "actor_infer.training_args.adam_beta1=2"],
+        check_files=False,
+    )
+
+
+# --- cross-field rules ------------------------------------------------------------------------
+
+
+def test_max_model_len_shorter_than_prompt_plus_response():
+    msg = only("actor_infer.strategy_args.strategy_config.max_model_len=32")
+    assert msg == (
+        "actor_infer.strategy_args.strategy_config.max_model_len: 32 is shorter than the longest "
+        "sequence (prompt_length 32 + response_length 8 = 40 tokens); raise it to at least 40 or "
+        "lower prompt_length / response_length"
+    )
+    msg = only("response_length=40")
+    assert "(prompt_length 32 + response_length 40 = 72 tokens); raise it to at least 72" in msg
+
+
+def test_max_model_len_counts_the_evaluation_length():
+    msg = only("validation.generating_args.max_new_tokens=40")
+    assert "prompt_length 32 + validation.generating_args.max_new_tokens 40 = 72 tokens" in msg
+    load_config(  # no evaluation: its length does not count
+        "rlvr_lora_zero3",
+        ["validation.generating_args.max_new_tokens=40", "eval_steps=0"],
+        check_files=False,
+    )
+
+
+def test_prompt_plus_response_beyond_the_models_positions(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    monkeypatch.chdir(PROJECT_ROOT)  # the data files are relative to the project
+    overrides = [
+        f"pretrain={tmp_path}",
+        "actor_infer.strategy_args.strategy_config.max_model_len=null",
+    ]
+    load_config("rlvr_lora_zero3", overrides)  # 32 + 8 fits in 64
+    with pytest.raises(ConfigError) as info:
+        load_config("rlvr_lora_zero3", [*overrides, "prompt_length=60"])
+    assert info.value.problems == [
+        "prompt_length + response_length: the longest sequence (prompt_length 60 + "
+        f"response_length 8 = 68 tokens) exceeds the model's max_position_embeddings 64 "
+        f"({tmp_path}/config.json), which vLLM takes as max_model_len; lower prompt_length / "
+        "response_length"
+    ]
+
+
+def test_rollout_max_new_tokens_beyond_response_length():
+    msg = only("actor_infer.generating_args.max_new_tokens=16")
+    assert msg.startswith("actor_infer.generating_args.max_new_tokens: 16 > response_length 8;")
+    assert "set it to ${response_length} or null" in msg
+
+
+def test_overlong_buffer_beyond_response_length():
+    msg = only("algorithm.overlong_buffer_len=9")
+    assert msg.startswith("algorithm.overlong_buffer_len: 9 > response_length 8;")
+    load_config("rlvr_lora_zero3", ["algorithm.overlong_buffer_len=8"], check_files=False)
+
+
+@pytest.mark.parametrize("target", ["q_proj,embed_tokens", "lm_head", "transformer.wte"])
+def test_lora_on_embeddings_is_rejected(target):
+    msg = only(f"actor_train.model_args.lora_target='{target}'")
+    assert msg.startswith(f"actor_train.model_args.lora_target: LoRA on {target.split(',')[-1]}")
+    assert "is not merged into the weights synced to the rollout engine" in msg
+    assert "remove it from lora_target" in msg
+
+
+def test_lora_on_embeddings_of_a_critic_is_allowed():
+    load_config(
+        "rlvr_ppo_gae_zero3",
+        ["critic.model_args.lora_rank=8", "critic.model_args.lora_target='embed_tokens,q_proj'"],
+        check_files=False,
+    )
+
+
+def test_empty_lora_target():
+    msg = only("actor_train.model_args.lora_target=''")
+    assert msg.startswith("actor_train.model_args.lora_target: empty; use 'all-linear'")
+
+
+def test_vllm_kwargs_the_strategy_owns():
+    msg = only("+actor_infer.strategy_args.strategy_config.seed=1")
+    assert msg == (
+        "actor_infer.strategy_args.strategy_config.seed: the vllm strategy sets it; remove it "
+        "(set the pipeline's seed instead)"
+    )
+
+
+def test_deepspeed_preset_values():
+    msg = only("deepspeed_zero3.zero_optimization.reduce_bucket_size=0")
+    assert msg == (
+        "actor_train.strategy_args.strategy_config.zero_optimization.reduce_bucket_size: must be "
+        "a number >= 1, got 0"
+    )
+
+
+def test_a_preset_that_is_not_pulled_in():
+    msg = only("actor_train.strategy_args.strategy_config=${deepspeed_zero4}")
+    assert msg.startswith(
+        "actor_train.strategy_args.strategy_config: Interpolation key 'deepspeed_zero4' not found; "
+        "the DeepSpeed presets this config pulls in are ${deepspeed_zero}, ${deepspeed_zero2}, "
+    )
+
+
+def test_keys_added_with_plus_that_the_schema_lacks():
+    found = problems("+actor_train.training_args.learnin_rate=1", "+algorithm.bar=1")
+    assert found == [
+        "algorithm.bar: not a key of AlgorithmConfig; remove it (a `+` override adds keys that "
+        "nothing reads)",
+        "actor_train.training_args.learnin_rate: not a key of TrainingArgs; did you mean "
+        "actor_train.training_args.learning_rate?; remove it (a `+` override adds keys that "
+        "nothing reads)",
+    ]
+
+
+def test_domain_scored_by_two_reward_roles():
+    msg = only("rewards.reverse.tag_included=[math,reverse]")
+    assert msg == (
+        "rewards.reverse.tag_included: domain 'math' is also in rewards.math.tag_included; score "
+        "each domain with one role"
+    )
+
+
+def test_domain_interleave_probs():
+    msg = only("actor_train.data_args.domain_interleave_probs={math:-1,reverse:1}")
+    assert msg.startswith(
+        "actor_train.data_args.domain_interleave_probs: weights must be >= 0 with a positive sum"
+    )
+    msg = only("+actor_train.data_args.domain_interleave_probs.code=0.5")
+    assert msg == (
+        "actor_train.data_args.domain_interleave_probs: domains ['code'] are scored by no reward "
+        "role; add them to a rewards.<name>.tag_included"
+    )
+
+
+def test_evaluation_without_held_out_data():
+    msg = only("validation.data_args.file_name=[]")
+    assert msg == (
+        "validation.data_args.file_name: eval_steps=10 evaluates on held-out data but no file is "
+        "listed; list jsonl files or set eval_steps=0"
+    )
+    load_config(
+        "rlvr_lora_zero3", ["validation.data_args.file_name=[]", "eval_steps=0"], check_files=False
+    )
+
+
+def test_cli_zero_micro_batch_without_traceback():
+    result = run_cli("actor_train.training_args.per_device_train_batch_size=0")
+    assert result.returncode == 2, result.stderr
+    assert "per_device_train_batch_size: must be >= 1, got 0" in result.stderr
+    assert "Traceback" not in result.stderr

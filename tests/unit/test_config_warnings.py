@@ -84,3 +84,78 @@ def test_an_unused_critic_gets_no_devices():
     assert "critic" in dict(role_configs(gae))
     grpo = to_schema(compose_config("rlvr_ppo_gae_zero3", ["algorithm.adv_estimator=grpo"]))
     assert "critic" not in dict(role_configs(grpo))
+
+
+def test_token_clip_range_under_sequence_ratio():
+    # rlvr_lora_zero3 sets clip_high 0.28 (clip-higher); GSPO clips with seq_clip_* instead.
+    found = warnings_for("algorithm.ratio_level=sequence", "algorithm.seq_clip_high=5e-4")
+    assert found == [
+        "algorithm.clip_high=0.28 has no effect with ratio_level 'sequence'; it is used by "
+        "ratio_level 'token'"
+    ]
+
+
+def test_sequence_clip_range_under_token_ratio():
+    assert warnings_for("algorithm.seq_clip_low=1e-3") == [
+        "algorithm.seq_clip_low=0.001 has no effect with ratio_level 'token'; it is used by "
+        "ratio_level 'sequence'"
+    ]
+
+
+def test_overlong_penalty_factor_without_a_buffer():
+    found = warnings_for("algorithm.overlong_penalty_factor=0.5")
+    assert found == [
+        "algorithm.overlong_penalty_factor=0.5 has no effect while algorithm.overlong_buffer_len "
+        "is 0; set overlong_buffer_len to the tokens before response_length where the penalty "
+        "starts"
+    ]
+    assert (
+        warnings_for("algorithm.overlong_penalty_factor=0.5", "algorithm.overlong_buffer_len=4")
+        == []
+    )
+
+
+def test_kl_settings_without_kl():
+    found = warnings_for("algorithm.kl_in_reward=true", "algorithm.kl_estimator=k1")
+    assert found == [
+        "algorithm.kl_in_reward=True has no effect while algorithm.kl_coef is 0",
+        "algorithm.kl_estimator=k1 has no effect while algorithm.kl_coef is 0",
+    ]
+
+
+def test_reference_log_probs_nobody_uses():
+    found = warnings_for("algorithm.kl_coef=0.1", "algorithm.use_kl_loss=false")
+    assert found == [
+        "algorithm.kl_coef=0.1: reference log-probs are computed every step but nothing uses "
+        "them (algorithm.use_kl_loss and algorithm.kl_in_reward are both false); set one of "
+        "them to true, or kl_coef=0"
+    ]
+    assert warnings_for("algorithm.kl_coef=0.1") == []  # KL loss
+    no_loss = ("algorithm.kl_coef=0.1", "algorithm.use_kl_loss=false")
+    assert warnings_for(*no_loss, "algorithm.kl_in_reward=true") == []  # KL penalty
+
+
+def test_kl_loss_and_kl_reward_together():
+    assert warnings_for("algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true") == [
+        "algorithm.use_kl_loss has no effect while algorithm.kl_in_reward is true (the KL goes "
+        "into the reward only); set use_kl_loss=false"
+    ]
+
+
+def test_reference_role_without_kl():
+    assert warnings_for("algorithm.kl_coef=0", config="rlvr_full_zero3") == [
+        "reference: configured but algorithm.kl_coef is 0; the role starts and its log-probs are "
+        "never used (set kl_coef > 0 or remove `reference:`)"
+    ]
+
+
+def test_settings_of_switched_off_features():
+    assert warnings_for("save_steps=0", "keep_last=5") == [
+        "keep_last=5 has no effect while save_steps is 0 (no checkpoints)"
+    ]
+    assert warnings_for("eval_steps=0", "validation.max_prompts=4") == [
+        "validation.max_prompts=4 has no effect while eval_steps is 0 (no evaluation)"
+    ]
+    assert warnings_for("weight_sync.parity_check=false", "weight_sync.parity_probe_size=8") == [
+        "weight_sync.parity_probe_size=8 has no effect while weight_sync.parity_check is false"
+    ]

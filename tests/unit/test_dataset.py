@@ -95,6 +95,25 @@ def test_listing_is_capped_with_a_count(tmp_path):
     assert "... and 5 more" in message
 
 
+def test_line_that_is_not_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    latin1 = json.dumps({**GOOD, "prompt": "café"}, ensure_ascii=False).encode("latin-1")
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + latin1 + b"\n" + b"not json\n")
+    with pytest.raises(DatasetFormatError) as info:
+        load_jsonl_rows(path)
+    message = str(info.value)
+    column = latin1.index(b"\xe9") + 1
+    assert f"tasks.jsonl:2: not UTF-8 (byte 0xe9 at byte {column} of the line); re-save" in message
+    assert "tasks.jsonl:3: not valid JSON" in message  # the other lines are still checked
+    assert "2 problem(s)" in message
+
+
+def test_utf8_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\r\n")
+    assert load_jsonl_rows(path) == [GOOD]
+
+
 def test_empty_file(tmp_path):
     assert "no task rows" in _error(tmp_path, [])
 

@@ -120,3 +120,71 @@ def test_bad_zero_sections(zero, message):
 def test_offload_device_none_is_off():
     cfg = {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "none"}}}
     assert check_deepspeed_config(cfg, "x") == []
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        ({"zero_optimization": {"stage": True}}, "x.zero_optimization.stage: True is not a ZeRO"),
+        ({"zero_optimization": 3}, "x.zero_optimization: must be a mapping, got 3"),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": "cpu"}},
+            "x.zero_optimization.offload_optimizer: must be a mapping, got 'cpu'",
+        ),
+        (
+            {"train_micro_batch_size_per_gpu": 0},
+            "x.train_micro_batch_size_per_gpu: must be a number",
+        ),
+        (
+            {"gradient_clipping": -1.0},
+            "x.gradient_clipping: must be a number >= 0 (0: no clipping)",
+        ),
+        ({"steps_per_print": "often"}, "x.steps_per_print: must be a number >= 1, got 'often'"),
+        ({"fp16": {"loss_scale": -1}}, "x.fp16.loss_scale: must be a number >= 0 (0: dynamic"),
+        ({"fp16": {"hysteresis": 0}}, "x.fp16.hysteresis: must be a number >= 1, got 0"),
+        (
+            {"zero_optimization": {"stage": 2, "reduce_bucket_size": 0}},
+            "x.zero_optimization.reduce_bucket_size: must be a number >= 1, got 0",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "stage3_max_live_parameters": -5}},
+            "x.zero_optimization.stage3_max_live_parameters: must be a number >= 0, got -5",
+        ),
+        (
+            {"zero_optimization": {"stage": 2, "overlap_comm": "yes"}},
+            "x.zero_optimization.overlap_comm: must be true or false, got 'yes'",
+        ),
+        (
+            {"bf16": {"enabled": "maybe"}},
+            "x.bf16.enabled: must be true, false or auto, got 'maybe'",
+        ),
+    ],
+)
+def test_bad_values(cfg, message):
+    problems = check_deepspeed_config(cfg, "x")
+    assert any(p.startswith(message) for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deepspeed_zero",
+        "deepspeed_zero2",
+        "deepspeed_zero2_cpuoffload",
+        "deepspeed_zero3",
+        "deepspeed_zero3_cpuoffload",
+    ],
+)
+def test_presets_pass_the_checks(name):
+    assert check_deepspeed_config(preset(name), name) == []
+
+
+def test_auto_and_large_float_bucket_sizes_pass():
+    cfg = {
+        "zero_optimization": {
+            "stage": 2,
+            "reduce_bucket_size": "auto",
+            "allgather_bucket_size": 5e8,
+        }
+    }
+    assert check_deepspeed_config(cfg, "x") == []

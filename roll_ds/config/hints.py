@@ -1,0 +1,124 @@
+"""roll_ds's hint under Hydra's message when Hydra rejects a command-line override.
+
+Hydra reports a misspelled key as ``Key 'learnin_rate' not in 'TrainingArgs'`` and an override
+inside an interpolated ``strategy_config`` (``${deepspeed_zero3}``) as ``Key 'zero_optimization'
+is not in struct``, and suggests ``+key=value``, which does not help in either case. ``hint_for``
+reads the error text and returns what to type instead, or None; ``run.py`` prints it below
+Hydra's own message (``hint_for_exception`` takes the exception Hydra reported).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from roll_ds.config import schema
+
+_OVERRIDE = re.compile(r"Could not override '(?P<key>[^']+)'")
+_APPEND = re.compile(r"Could not append to config\. An item is already at '(?P<key>[^']+)'")
+# The override's value, from Hydra's "use +key=value" or "'++key=value'" suggestion.
+_VALUES = (
+    re.compile(r"To append to your config use \+(?P<key>[^=\s]+)=(?P<value>\S*)"),
+    re.compile(r"'\+\+(?P<key>[^=']+)=(?P<value>[^']*)'"),
+)
+_NOT_IN_SCHEMA = re.compile(r"Key '(?P<name>[^']+)' not in '(?P<schema>\w+)'")
+_FULL_KEY = re.compile(r"full_key: (?P<key>\S+)")
+STRATEGY_CONFIG = ".strategy_args.strategy_config."
+# Top-level keys of a DeepSpeed JSON: an override under strategy_config that starts with one of
+# these (or under a training role) is aimed at a DeepSpeed preset.
+DEEPSPEED_KEYS = (
+    "zero_optimization",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "bf16",
+    "fp16",
+    "optimizer",
+    "scheduler",
+    "steps_per_print",
+    "wall_clock_breakdown",
+)
+TRAINING_ROLES = ("actor_train", "critic")
+
+
+def hint_for_exception(exc: BaseException | None) -> str | None:
+    """The hint for an exception Hydra reported, or None (for errors other than Hydra's or
+    OmegaConf's, and for the ones without a hint)."""
+    if not isinstance(exc, HydraException | OmegaConfBaseException):
+        return None
+    text = str(exc)
+    if exc.__cause__ is not None:
+        text += "\n" + str(exc.__cause__)
+    return hint_for(text)
+
+
+def hint_for(text: str) -> str | None:
+    """The hint for Hydra's error message ``text``, or None."""
+    found = _OVERRIDE.search(text) or _APPEND.search(text)
+    key = found["key"].lstrip("+") if found else None
+    if key and STRATEGY_CONFIG in key and _aims_at_deepspeed(key):
+        return strategy_config_hint(key, _value(text, key))
+    misspelled = _NOT_IN_SCHEMA.search(text)
+    if misspelled:
+        full_key = _FULL_KEY.search(text)
+        where = full_key["key"] if full_key else key or misspelled["name"]
+        return misspelled_key_hint(where, misspelled["name"], misspelled["schema"])
+    return None
+
+
+def _aims_at_deepspeed(key: str) -> bool:
+    role, _, inner = key.partition(STRATEGY_CONFIG)
+    return role.split(".")[-1] in TRAINING_ROLES or inner.split(".")[0] in DEEPSPEED_KEYS
+
+
+def _value(text: str, key: str) -> str:
+    for pattern in _VALUES:
+        found = pattern.search(text)
+        if found and found["key"] == key:
+            return found["value"]
+    return "..."
+
+
+def strategy_config_hint(key: str, value: str = "...") -> str:
+    """For an override of ``<role>.strategy_args.strategy_config.<inner>``: the preset the
+    strategy_config interpolates is where the value lives."""
+    role_config, _, inner = key.partition(STRATEGY_CONFIG)
+    field = role_config + STRATEGY_CONFIG.rstrip(".")
+    lines = [
+        f"{field} is an interpolation of a DeepSpeed preset (such as ${{deepspeed_zero3}}); "
+        "keys inside it cannot be overridden on its path.",
+        f"  - to switch presets (e.g. the ZeRO stage): {field}='${{deepspeed_zero2}}'",
+        f"  - to change one value, override it in the preset the role uses: "
+        f"deepspeed_zero3.{inner}={value} (every role using that preset sees it)",
+        f"  (++{key}={value} would replace the whole strategy_config by that one key)",
+    ]
+    return "\n".join(lines)
+
+
+def misspelled_key_hint(full_key: str, name: str, schema_name: str) -> str:
+    """For a key the schema section ``schema_name`` does not have: the closest field names."""
+    section = getattr(schema, schema_name, None)
+    if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
+        return f"{full_key}: not a roll_ds config key"
+    valid = [f.name for f in dataclasses.fields(section)]
+    parent = full_key.rpartition(".")[0]
+    close = close_keys(name, section)
+    hint = f"{full_key}: {schema_name} has no key {name!r}"
+    if close:
+        hint += "; did you mean " + " or ".join(_join(parent, c) for c in close) + "?"
+    return hint + f"\n  valid keys of {parent or 'the root'}: {', '.join(valid)}"
+
+
+def close_keys(name: str, section: type) -> list[str]:
+    """Up to three field names of the schema dataclass ``section`` that look like ``name``."""
+    valid = [f.name for f in dataclasses.fields(section)]
+    return difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}.{name}" if parent else name
