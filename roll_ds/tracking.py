@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 METRICS_FILE = "metrics.jsonl"
+ROLLOUTS_FILE = "rollouts.jsonl"  # sampled responses, one row per sample with its "step"
 
 
 class Tracker:
@@ -30,7 +35,7 @@ class Tracker:
         if jsonl:
             path = self.log_dir / METRICS_FILE
             if resume_step:  # drop rows past the checkpoint: the resumed run writes them again
-                _truncate_after(path, resume_step)
+                truncate_jsonl_after(path, resume_step)
             self._jsonl = open(path, "a")  # noqa: SIM115  (closed in close())
         self._tb = None
         if tensorboard:
@@ -110,8 +115,34 @@ def _is_number(value: Any) -> bool:
     return True
 
 
-def _truncate_after(path: Path, step: int) -> None:
+def truncate_jsonl_after(path: str | Path, step: int) -> int:
+    """Drop the rows of a JSONL log whose ``"step"`` is past ``step`` (a resumed run writes them
+    again) and a last line cut short by a crash; returns how many rows were dropped.
+
+    The kept lines are copied unchanged, streamed into a temporary file that replaces ``path``
+    (fsynced first), so a crash here leaves either the old or the new file.
+    """
+    path = Path(path)
     if not path.is_file():
-        return
-    keep = [row for row in read_metrics(path) if row.get("step", 0) <= step]
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    dropped = 0
+    with open(path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
+        for line in src:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a write cut short by the crash
+                dropped += 1
+                continue
+            if row.get("step", 0) > step:
+                dropped += 1
+                continue
+            dst.write(line if line.endswith("\n") else line + "\n")
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, path)
+    if dropped:
+        logger.info("%s: dropped %d row(s) past step %d", path, dropped, step)
+    return dropped

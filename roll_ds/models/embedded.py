@@ -1,8 +1,13 @@
-"""The embedded default model: a tiny Qwen2 built on first use, since no hub is reachable.
+"""The embedded default model: a tiny Qwen2 shipped with the package, since no hub is reachable.
 
-``resolve_pretrain("embedded:tiny-qwen2")`` builds the model into the cache once and returns its
-directory; any other ``pretrain`` must be a local path. The directory name carries a hash of the
-recipe, so changing the recipe builds a new model.
+``resolve_pretrain("embedded:tiny-qwen2")`` returns the shipped directory
+(``roll_ds/models/embedded_tiny_qwen2/``, about 2 MB) when it was built from the current recipe;
+any other ``pretrain`` must be a local path. The model is shipped rather than built on each
+machine because the build is a long float computation on the CPU: another machine's rounding
+takes it down another training path to another model, and the default run's results with it.
+When the recipe changed and the shipped copy was not refreshed, the model is built into the
+cache instead (``<cache>/models/tiny-qwen2-<recipe digest>``, built once) with a warning;
+``python scripts/make_embedded_model.py`` rebuilds the shipped copy.
 
 The build is a seeded init and then a short supervised warm-up on demonstrations of mixed
 quality: most demonstrations carry the domain's typical flaw (``synthetic.flawed_answer``: a
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -30,8 +36,11 @@ from roll_ds.models.tiny import TinyQwen2Spec
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+logger = logging.getLogger(__name__)
 
 RECIPE_FILE = "roll_ds_recipe.json"
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_qwen2")
+REFRESH_COMMAND = "python scripts/make_embedded_model.py"
 # Bump when the build code changes what a recipe produces (the task data is hashed separately).
 RECIPE_VERSION = 3
 
@@ -101,12 +110,27 @@ def resolve_pretrain(
 ) -> str:
     """A local model directory for the config's ``pretrain`` field.
 
-    The embedded name is built (or reused) under ``<cache>/models/``; a local path is returned
+    The embedded name gives the shipped model when ``recipe`` is the one it was built from,
+    else a build under ``<cache>/models/`` (made once, then reused); a local path is returned
     unchanged; anything else fails, since no model hub is reachable.
     """
     if pretrain == EMBEDDED_MODEL:
+        digest = recipe.digest()
+        shipped = shipped_digest()
+        if shipped == digest:
+            return SHIPPED_DIR
+        if recipe == DEFAULT_RECIPE:  # the code's recipe moved on without the shipped copy
+            logger.warning(
+                "the shipped embedded model (%s, recipe %s) is stale: the current recipe is %s; "
+                "building it into the cache (about 90 s, once). Refresh the shipped copy with "
+                "`%s`.",
+                SHIPPED_DIR,
+                shipped,
+                digest,
+                REFRESH_COMMAND,
+            )
         name = EMBEDDED_MODEL.split(":", 1)[1]
-        target = os.path.join(cache_root(cache_dir), "models", f"{name}-{recipe.digest()}")
+        target = os.path.join(cache_root(cache_dir), "models", f"{name}-{digest}")
         return ensure_built(target, recipe)
     if os.path.isdir(pretrain):
         return pretrain
@@ -115,6 +139,36 @@ def resolve_pretrain(
         "No model hub is reachable from this environment: download the model elsewhere and set "
         f"`pretrain` to its local directory, or use pretrain={EMBEDDED_MODEL!r}."
     )
+
+
+def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
+    """The recipe digest the shipped model was built from (None when it is absent)."""
+    try:
+        with open(os.path.join(shipped_dir, RECIPE_FILE), encoding="utf-8") as f:
+            return json.load(f)["recipe_digest"]
+    except FileNotFoundError:
+        return None
+
+
+def write_shipped(shipped_dir: str = SHIPPED_DIR, recipe: WarmupRecipe = DEFAULT_RECIPE) -> dict:
+    """Rebuild the shipped model from ``recipe`` and replace ``shipped_dir`` with it."""
+    parent = os.path.dirname(shipped_dir)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(shipped_dir)}.tmp-", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)
+        info = build_model_dir(tmp, recipe)
+        for name in os.listdir(tmp):  # some writers create private files; these get committed
+            os.chmod(os.path.join(tmp, name), 0o644)
+        old = shipped_dir + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(shipped_dir):
+            os.rename(shipped_dir, old)
+        os.rename(tmp, shipped_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
 
 
 def ensure_built(target: str, recipe: WarmupRecipe) -> str:

@@ -1,4 +1,5 @@
-"""Build the embedded default model for real, check its accuracy, and serve it with vLLM."""
+"""Build the embedded default model for real (the build code path: ``resolve_pretrain`` returns the
+shipped copy instead), check its accuracy, and serve it with vLLM."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 
 from roll_ds.data.dataset import greedy_accuracy, load_jsonl_rows
 from roll_ds.models.embedded import (
-    EMBEDDED_MODEL,
+    DEFAULT_RECIPE,
     RECIPE_FILE,
+    SHIPPED_DIR,
+    ensure_built,
     greedy_accuracy_and_skill,
-    resolve_pretrain,
 )
 
 pytestmark = pytest.mark.integration
@@ -33,13 +35,19 @@ def eval_rows():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     start = time.perf_counter()
-    path = resolve_pretrain(EMBEDDED_MODEL, str(tmp_path_factory.mktemp("cache")))
+    target = str(tmp_path_factory.mktemp("cache") / f"tiny-qwen2-{DEFAULT_RECIPE.digest()}")
+    path = ensure_built(target, DEFAULT_RECIPE)
     with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
         info = json.load(f)
+    with open(os.path.join(SHIPPED_DIR, "model.safetensors"), "rb") as f:
+        shipped = f.read()
+    with open(os.path.join(path, "model.safetensors"), "rb") as f:
+        same = f.read() == shipped  # only on a machine like the one that built the shipped copy
     print(
         f"\nbuilt in {time.perf_counter() - start:.1f}s: {info['num_parameters']} parameters, "
         f"{info['warmup']['steps']} warm-up steps, eval accuracy {info['warmup_eval_accuracy']}, "
-        f"skill {info['warmup_eval_skill']}"
+        f"skill {info['warmup_eval_skill']}; weights {'equal' if same else 'differ from'} "
+        "the shipped model's"
     )
     return path, info
 

@@ -1,6 +1,11 @@
+import itertools
 import json
 import os
+import pickle
 import random
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -8,11 +13,14 @@ import torch
 
 from roll_ds.checkpoint import (
     COMPLETE,
+    LATEST,
     CheckpointManager,
     capture_rng_state,
+    load_rng_state,
     restore_rng_state,
+    save_rng_state,
 )
-from roll_ds.tracking import Tracker, plot_curves, read_metrics
+from roll_ds.tracking import Tracker, plot_curves, read_metrics, truncate_jsonl_after
 
 
 def test_commit_is_atomic_and_latest_moves(tmp_path):
@@ -54,6 +62,152 @@ def test_keep_last_prunes_old(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000002", "step_000003"]
 
 
+def test_keep_last_zero_keeps_all_and_negative_fails(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    for step in (1, 2, 3, 4):
+        mgr.commit(mgr.begin(step), {"step": step})
+    assert len(mgr.complete_steps()) == 4
+    with pytest.raises(ValueError, match="keep_last=-1: must be >= 0"):
+        CheckpointManager(tmp_path, keep_last=-1)
+
+
+def test_pruning_never_deletes_the_checkpoint_just_saved(tmp_path):
+    # Resumed from step 10 while step 30 of the abandoned run is still on disk: saving step 20
+    # again must keep the new step 20, which latest points at.
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    for step in (10, 20, 30):
+        mgr.commit(mgr.begin(step), {"step": step})
+    again = mgr.commit(mgr.begin(20), {"step": 20, "run": "resumed"})
+    assert mgr.latest() == again
+    assert mgr.load_state(again) == {"step": 20, "run": "resumed"}
+
+
+# --- crash safety ------------------------------------------------------------------------------
+
+
+class Crash(Exception):
+    """Stands for the process dying at that point."""
+
+
+def _save(mgr: CheckpointManager, step: int, run: str) -> Path:
+    part = mgr.begin(step)
+    (part / "actor_train").mkdir()
+    (part / "actor_train" / "weights.bin").write_text(f"{step}-{run}")
+    return mgr.commit(part, {"step": step, "run": run})
+
+
+def _crash_at(monkeypatch, k: int) -> list[str]:
+    """Make the k-th call of os.rename / os.replace / shutil.rmtree raise ``Crash`` (the state
+    on disk is then what a process killed just before that call leaves); returns the calls."""
+    counter, calls = itertools.count(), []
+    for module, name in ((os, "rename"), (os, "replace"), (shutil, "rmtree")):
+        real = getattr(module, name)
+
+        def fake(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            if next(counter) == k:
+                raise Crash(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, fake)
+    return calls
+
+
+def _check_consistent(path: Path) -> tuple[int, str]:
+    """The checkpoint is complete and its parts belong together."""
+    assert (path / COMPLETE).is_file(), path
+    state = CheckpointManager.load_state(path)
+    assert (path / "actor_train" / "weights.bin").read_text() == f"{state['step']}-{state['run']}"
+    return state["step"], state["run"]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "keep_last", "allowed"),
+    [
+        # a new step: the old latest or the new one
+        ("new_step", 2, {(20, "a"), (30, "b")}),
+        # step 20 saved again after resuming from step 10 (run b): the old or the new copy of
+        # 20, or, while neither is in place (pointer dangling), the newest complete one (10)
+        ("resave", None, {(20, "a"), (20, "b"), (10, "a")}),
+    ],
+)
+def test_a_crash_at_any_point_of_a_save_leaves_a_complete_latest(
+    tmp_path, monkeypatch, scenario, keep_last, allowed
+):
+    crashed_at = []
+    for k in itertools.count():
+        root = tmp_path / f"crash{k}"
+        mgr = CheckpointManager(root, keep_last=keep_last)
+        _save(mgr, 10, "a")
+        _save(mgr, 20, "a")
+        with monkeypatch.context() as patch:
+            calls = _crash_at(patch, k)
+            try:
+                if scenario == "new_step":
+                    _save(mgr, 30, "b")
+                else:
+                    _save(mgr, 20, "b")
+            except Crash:
+                crashed_at.append(calls[-1])
+            else:
+                break
+        # A fresh process looks for the checkpoint to resume from.
+        restarted = CheckpointManager(root, keep_last=keep_last)
+        latest = restarted.latest()
+        assert latest is not None and restarted.resolve(LATEST) == latest
+        assert _check_consistent(latest) in allowed, (k, crashed_at[-1])
+        # The next save succeeds and clears what the crash left behind.
+        assert _check_consistent(_save(restarted, 40, "c")) == (40, "c")
+        assert restarted.latest() == root / "step_000040"
+        leftovers = [p.name for p in root.iterdir() if p.name.endswith((".partial", ".old"))]
+        assert leftovers == [], (k, leftovers)
+    # Every rename, replace and delete of the save was a crash point.
+    assert len(crashed_at) >= 5 and {"rename", "replace", "rmtree"} <= set(crashed_at)
+
+
+def test_latest_falls_back_when_the_pointer_is_missing_or_dangling(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    assert mgr.latest() is None
+    _save(mgr, 10, "a")
+    newest = _save(mgr, 20, "a")
+    (tmp_path / "step_000030.partial").mkdir()  # never committed: not a candidate
+    (tmp_path / "step_000030.partial" / COMPLETE).write_text("")
+    (tmp_path / LATEST).write_text("step_000099")
+    assert mgr.latest() == newest
+    (tmp_path / LATEST).unlink()
+    assert mgr.latest() == newest
+    (newest / COMPLETE).unlink()  # pointer to a directory that is not complete
+    (tmp_path / LATEST).write_text(newest.name)
+    assert mgr.latest() == tmp_path / "step_000010"
+
+
+def test_commit_fsyncs_the_workers_files_before_marking_complete(tmp_path, monkeypatch):
+    mgr = CheckpointManager(tmp_path)
+    part = mgr.begin(5)
+    (part / "actor_train" / "engine").mkdir(parents=True)
+    shard = part / "actor_train" / "engine" / "shard.pt"
+    shard.write_bytes(b"x")
+    synced, order = set(), []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.add(os.path.realpath(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    real_replace = os.replace
+
+    def replace(src, dst):
+        order.append(Path(dst).name)
+        if Path(dst).name == COMPLETE:
+            assert str(shard) in synced and str(shard.parent) in synced
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    mgr.commit(part, {"step": 5})
+    assert COMPLETE in order
+
+
 def test_rng_state_round_trip_through_json():
     random.seed(1)
     np.random.seed(2)
@@ -65,6 +219,53 @@ def test_rng_state_round_trip_through_json():
     torch.manual_seed(99)
     restore_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_rng_state_file_is_json_not_pickle(tmp_path, monkeypatch):
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("RNG states must not be pickled")
+
+    for module, name in ((torch, "save"), (torch, "load"), (pickle, "dump"), (pickle, "load")):
+        monkeypatch.setattr(module, name, no_pickle)
+    path = tmp_path / "rng_state_rank0.json"
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    save_rng_state(path)
+    assert set(json.loads(path.read_text())) == {"python", "numpy", "torch"}
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    torch.manual_seed(99)
+    np.random.seed(99)
+    random.seed(99)
+    assert load_rng_state(path) is True
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+    assert load_rng_state(tmp_path / "absent.json") is False
+
+
+class _RunsCode:
+    """Unpickling this creates ``marker``: what a malicious checkpoint could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_pickled_rng_file_is_refused_not_unpickled(tmp_path):
+    marker = tmp_path / "code_ran"
+    (tmp_path / "rng_state_rank0.pt").write_bytes(pickle.dumps(_RunsCode(marker)))
+    with pytest.raises(ValueError, match=r"rng_state_rank0.pt: RNG states pickled .* not loaded"):
+        load_rng_state(tmp_path / "rng_state_rank0.json")
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only fallback")
+def test_a_cuda_rng_state_restored_without_cuda_only_warns(caplog):
+    state = capture_rng_state()
+    assert "cuda" not in state
+    restore_rng_state({**state, "cuda": [0] * 16})
+    assert "no CUDA device is visible" in caplog.text
 
 
 def test_tracker_jsonl_tensorboard_and_resume_truncation(tmp_path):
@@ -91,3 +292,54 @@ def test_plot_curves_writes_png(tmp_path):
     out = plot_curves(rows, ["reward", "eval/accuracy", "absent"], tmp_path / "curves.png")
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_curves(rows, ["absent"], tmp_path / "none.png") is None
+
+
+def test_truncate_jsonl_drops_later_steps_and_a_torn_last_line(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    kept = [json.dumps({"step": s, "id": i, "response": "a b"}) for s in (1, 2) for i in (0, 1)]
+    later = [json.dumps({"step": 3, "id": i}) for i in (0, 1)]
+    path.write_text("\n".join(kept + later) + '\n{"step": 3, "id": 2, "resp')  # killed mid-write
+    assert truncate_jsonl_after(path, 2) == 3
+    assert path.read_text() == "\n".join(kept) + "\n"  # kept lines byte for byte
+    assert [p.name for p in tmp_path.iterdir()] == ["rollouts.jsonl"]
+    assert truncate_jsonl_after(tmp_path / "absent.jsonl", 2) == 0
+
+
+def test_resume_drops_rollout_rows_past_the_checkpoint(tmp_path):
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+
+    class Call:
+        def get(self):
+            return None
+
+    class FakeCluster:
+        def __init__(self):
+            self.calls = []
+
+        def submit(self, method, *args):
+            self.calls.append((method, *args))
+            return Call()
+
+    class FakeSampler:
+        def load_state_dict(self, state):
+            self.state = state
+
+    out = tmp_path / "run"
+    mgr = CheckpointManager(out / "checkpoints")
+    part = mgr.begin(2)
+    (part / "actor_train").mkdir()
+    mgr.commit(part, {"step": 2, "sampler": {"pos": 8}, "rng": capture_rng_state()})
+    (out / "rollouts.jsonl").write_text(
+        "".join(json.dumps({"step": s, "id": s}) + "\n" for s in (1, 2, 3))
+    )
+    pipeline = RLVRPipeline.__new__(RLVRPipeline)  # the resume path only, no actors
+    pipeline.cfg = SimpleNamespace(resume_from_checkpoint="latest")
+    pipeline.out_dir, pipeline.checkpoints, pipeline.use_critic = out, mgr, False
+    pipeline.clusters = {"actor_train": FakeCluster()}
+    pipeline.sampler = FakeSampler()
+    assert pipeline._maybe_resume() == 2
+    assert [r["step"] for r in read_metrics(out / "rollouts.jsonl")] == [1, 2]
+    assert pipeline.clusters["actor_train"].calls == [
+        ("load_checkpoint", str(out / "checkpoints" / "step_000002" / "actor_train"), "engine")
+    ]
+    assert pipeline.sampler.state == {"pos": 8}

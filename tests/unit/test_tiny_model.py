@@ -1,4 +1,5 @@
-"""The embedded tiny Qwen2: tokenizer, config invariants, deterministic builds, resolve_pretrain."""
+"""The embedded tiny Qwen2: tokenizer, config invariants, deterministic builds, the shipped model,
+resolve_pretrain."""
 
 from __future__ import annotations
 
@@ -253,6 +254,87 @@ def test_skill_counts_right_and_flawed_answers_and_nothing_else(monkeypatch):
     accuracy, skill = embedded.greedy_accuracy_and_skill(None, None, rows)
     assert accuracy == {"math": 0.5, "reverse": 0.0, "overall": 0.25}
     assert skill == {"math": 1.0, "reverse": 0.5, "overall": 0.75}
+
+
+# --- the shipped model ----------------------------------------------------------------------
+
+
+def test_shipped_model_is_built_from_the_current_recipe():
+    shipped, current = embedded.shipped_digest(), embedded.DEFAULT_RECIPE.digest()
+    assert shipped == current, (
+        f"{embedded.SHIPPED_DIR} was built from recipe {shipped}, but the code's recipe is now "
+        f"{current} (the warm-up recipe, the model spec or the task data changed). Rebuild it "
+        f"with `{embedded.REFRESH_COMMAND}` and commit the directory."
+    )
+
+
+def test_shipped_model_loads_and_reproduces_its_recorded_accuracy():
+    from transformers import AutoModelForCausalLM
+
+    from roll_ds.data.dataset import greedy_accuracy
+
+    path = embedded.SHIPPED_DIR
+    with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
+        info = json.load(f)
+    weights = os.path.join(path, "model.safetensors")
+    assert os.path.getsize(weights) < 3 * 2**20
+    assert all(t.dtype == torch.float32 for t in load_file(weights).values())
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert sum(p.numel() for p in model.parameters()) == info["num_parameters"]
+    assert tokenizer("12+34=")["input_ids"] == build_tokenizer()("12+34=")["input_ids"]
+    _, _, eval_rows = embedded._splits(embedded.DEFAULT_RECIPE)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        accuracy = greedy_accuracy(model, tokenizer, eval_rows)
+    finally:
+        torch.set_num_threads(threads)
+    # Greedy decoding of fixed fp32 weights; another CPU may flip a rare near-tie.
+    assert accuracy == pytest.approx(info["warmup_eval_accuracy"], abs=0.02)
+
+
+def test_resolve_pretrain_returns_the_shipped_model_without_building(tmp_path, monkeypatch):
+    def no_build(out_dir, recipe):
+        raise AssertionError("the shipped model is current: nothing is built")
+
+    monkeypatch.setattr(embedded, "build_model_dir", no_build)
+    assert resolve_pretrain(EMBEDDED_MODEL, str(tmp_path)) == embedded.SHIPPED_DIR
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_stale_shipped_model_is_built_into_the_cache_with_a_warning(
+    tmp_path, monkeypatch, caplog
+):
+    def fake_build(out_dir, recipe):
+        with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
+            json.dump({"recipe_digest": recipe.digest()}, f)
+
+    monkeypatch.setattr(embedded, "shipped_digest", lambda *args: "000000000000")
+    monkeypatch.setattr(embedded, "build_model_dir", fake_build)
+    path = resolve_pretrain(EMBEDDED_MODEL, str(tmp_path))
+    digest = embedded.DEFAULT_RECIPE.digest()
+    assert path == str(tmp_path / "models" / f"tiny-qwen2-{digest}")
+    assert "shipped embedded model" in caplog.text and "is stale" in caplog.text
+    assert embedded.REFRESH_COMMAND in caplog.text
+    # A recipe other than the code's (as tests pass) builds without calling the shipped one stale.
+    caplog.clear()
+    resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
+    assert "stale" not in caplog.text
+
+
+def test_write_shipped_replaces_the_directory(tmp_path):
+    target = str(tmp_path / "shipped")
+    os.makedirs(target)
+    with open(os.path.join(target, "leftover.txt"), "w") as f:
+        f.write("from an older build")
+    info = embedded.write_shipped(target, TINY)
+    assert embedded.shipped_digest(target) == info["recipe_digest"] == TINY.digest()
+    assert "leftover.txt" not in os.listdir(target)
+    for name in os.listdir(target):  # readable by everyone once committed and installed
+        assert os.stat(os.path.join(target, name)).st_mode & 0o777 == 0o644, name
+    assert sorted(os.listdir(tmp_path)) == ["shipped"]
+    assert embedded.shipped_digest(str(tmp_path / "absent")) is None
 
 
 def test_local_paths_pass_through_and_unknown_names_fail(tmp_path):
