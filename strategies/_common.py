@@ -16,7 +16,8 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+
+from roll_ds.algorithms.kl import entropy_from_logits  # the one masked implementation
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -36,12 +37,6 @@ def logprobs_from_logits(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> t
     logits_BTV = logits_BTV.float()
     picked_BT = torch.gather(logits_BTV, -1, labels_BT.unsqueeze(-1)).squeeze(-1)
     return picked_BT - torch.logsumexp(logits_BTV, dim=-1)
-
-
-def entropy_from_logits(logits_BTV: torch.Tensor) -> torch.Tensor:
-    """Entropy of ``softmax(logits)`` per position, computed in fp32."""
-    logp_BTV = F.log_softmax(logits_BTV.float(), dim=-1)
-    return -(logp_BTV.exp() * logp_BTV).sum(-1)
 
 
 def position_ids_from_mask(attention_mask_BT: torch.Tensor) -> torch.Tensor:

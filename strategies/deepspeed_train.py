@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from roll_ds.algorithms.aggregation import MiniBatchNorm
+from roll_ds.checkpoint import load_rng_state, save_rng_state
 from roll_ds.config.deepspeed import (
     DeepSpeedInputs,
     build_deepspeed_config,
@@ -55,10 +57,14 @@ from strategies.base import StrategyContext
 logger = logging.getLogger(__name__)
 
 LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, float]]]
-"""``loss_fn(logprobs_BT, micro_batch, entropy_BT) -> (loss, metrics)`` (``values_BT`` in place
-of ``logprobs_BT`` for ``head="value"``); ``entropy_BT`` is None unless
-``train_step(with_entropy=True)``. The loss is that of one micro batch: DeepSpeed divides it by
-``gradient_accumulation_steps`` and averages gradients over data-parallel ranks."""
+"""``loss_fn(logprobs_BT, micro_batch, entropy_BT[, norm=...]) -> (loss, metrics)``
+(``values_BT`` in place of ``logprobs_BT`` for ``head="value"``); ``entropy_BT`` is None unless
+``train_step(with_entropy=True)``. DeepSpeed divides each micro batch's loss by
+``gradient_accumulation_steps`` and averages gradients over data-parallel ranks. A loss that
+normalizes over the whole optimizer-step mini-batch (``roll_ds.pipeline.losses``) has a
+``mini_batch_counts(micro_batch)`` method; it then gets ``norm=MiniBatchNorm(...)`` with the
+mini-batch's counts (all-reduced over the ranks) and the factor that undoes that averaging. A
+plain callable is called without ``norm`` (each micro batch normalized on its own)."""
 HEADS = ("lm", "value")
 
 
@@ -294,22 +300,28 @@ class DeepSpeedTrainStrategy:
         grad_norms: list[float] = []
         lrs: list[float] = []
         chunks = _common.split_batch(batch, micro)
+        norms = self._mini_batch_norms(chunks, loss_fn)
         output_key = "values_BT" if self.head == "value" else "logprobs_BT"
-        for mb in chunks:
+        for i, mb in enumerate(chunks):
             mb = _common.to_device(mb, self.device)
             out = self._forward(
                 self.engine, mb["input_ids"], mb["attention_mask"], with_entropy=with_entropy
             )
-            loss, metrics = loss_fn(out[output_key], mb, out.get("entropy_BT"))
+            kwargs = {"norm": norms[i // accum]} if norms is not None else {}
+            loss, metrics = loss_fn(out[output_key], mb, out.get("entropy_BT"), **kwargs)
             boundary = self.engine.is_gradient_accumulation_boundary()
             if boundary:
                 lrs.append(self.lr_scheduler.get_last_lr()[0])
             self.engine.backward(loss)
+            # DeepSpeed reports no norm for fp32 ZeRO-0 without clipping: take it from the
+            # gradients (already averaged over the ranks at the boundary) before the step.
+            own_norm = _grad_norm(self.module) if boundary and self.zero_stage == 0 else None
             self.engine.step()
             _accumulate(sums, {"loss": loss.detach().float().item(), **metrics})
             if boundary:
                 steps += 1
                 norm = self.engine.get_global_grad_norm()
+                norm = own_norm if norm is None else norm
                 if norm is not None:
                     grad_norms.append(float(norm))
         result = {k: v / len(chunks) for k, v in sums.items()}
@@ -318,6 +330,32 @@ class DeepSpeedTrainStrategy:
         if grad_norms:
             result["grad_norm"] = sum(grad_norms) / len(grad_norms)
         return result
+
+    def _mini_batch_norms(
+        self, chunks: list[dict[str, Any]], loss_fn: LossFn
+    ) -> list[MiniBatchNorm] | None:
+        """One ``MiniBatchNorm`` per optimizer step of ``chunks`` (``accumulation`` consecutive
+        micro batches each): the counts of the whole mini-batch, summed over this rank's micro
+        batches and all-reduced over the data-parallel ranks (one collective per train step).
+        None for a loss without ``mini_batch_counts``."""
+        counts_of = getattr(loss_fn, "mini_batch_counts", None)
+        if counts_of is None:
+            return None
+        accum = self.training_args.gradient_accumulation_steps
+        per_step = torch.stack(
+            [
+                torch.stack([counts_of(mb) for mb in chunks[k : k + accum]]).sum(0)
+                for k in range(0, len(chunks), accum)
+            ]
+        ).to(torch.float64)
+        if dist.is_initialized() and self.world_size > 1:
+            per_step = per_step.to(self.device)
+            dist.all_reduce(per_step)
+        scale = float(accum * self.world_size)
+        return [
+            MiniBatchNorm(tokens=tokens, sequences=sequences, scale=scale)
+            for tokens, sequences in per_step.cpu().tolist()
+        ]
 
     @property
     def global_step(self) -> int:
@@ -467,8 +505,8 @@ class DeepSpeedTrainStrategy:
             client_state={"roll_ds_global_step": self.global_step},
             exclude_frozen_parameters=self.is_lora,
         )
-        rng_path = os.path.join(path, tag, f"rng_state_rank{self.rank}.pt")
-        torch.save(_rng_state(), rng_path)
+        # JSON, fsynced: the driver fsyncs the whole checkpoint again before marking it complete.
+        save_rng_state(_rng_path(path, tag, self.rank), cuda=torch.cuda.is_available())
         _barrier()
 
     def load_checkpoint(self, path: str, tag: str) -> None:
@@ -481,10 +519,8 @@ class DeepSpeedTrainStrategy:
         )
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {path}")
-        rng_path = os.path.join(path, tag, f"rng_state_rank{self.rank}.pt")
-        if os.path.isfile(rng_path):
-            _set_rng_state(torch.load(rng_path, weights_only=False))
-        else:
+        rng_path = _rng_path(path, tag, self.rank)
+        if not load_rng_state(rng_path):  # never unpickled: a pickled .pt file is refused
             logger.warning("%s missing: RNG states not restored", rng_path)
 
     # -----------------------------------------------------------------------------------------
@@ -577,6 +613,14 @@ def _scheduler_factory(*, warmup_steps: int, total_steps: int, kind: str):
     return build
 
 
+def _grad_norm(module: torch.nn.Module) -> float | None:
+    """2-norm of the full gradients held by ``module`` (ZeRO-0), None when there are none."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    return float(torch.sqrt(sum(g.detach().double().pow(2).sum() for g in grads)))
+
+
 def _accumulate(sums: dict[str, float], metrics: Mapping[str, Any]) -> None:
     for k, v in metrics.items():
         value = v.detach().float().item() if isinstance(v, torch.Tensor) else float(v)
@@ -589,23 +633,8 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+def _rng_path(path: str, tag: str, rank: int) -> str:
+    return os.path.join(path, tag, f"rng_state_rank{rank}.json")
 
 
 def _barrier() -> None:

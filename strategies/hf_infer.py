@@ -107,6 +107,7 @@ class HfInferStrategy:
         top_k: int | None = None,
         seed: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
+        first_prompt_index: int = 0,
     ) -> dict[str, list[Any]]:
         """Sample ``n`` responses per prompt with HF ``generate`` (unset arguments come from
         ``generating_args``). Same result shape as the vllm strategy: flat per-sample lists,
@@ -114,7 +115,11 @@ class HfInferStrategy:
         ``response_ids`` (a stop token included), ``logprobs`` (the sampled tokens' log-probs
         under the distribution they were drawn from: after temperature and top-k/top-p, like
         the vllm strategy's),
-        ``finish_reason`` (``"stop"`` or ``"length"``), ``stop_reason`` (None)."""
+        ``finish_reason`` (``"stop"`` or ``"length"``), ``stop_reason`` (None).
+
+        HF ``generate`` draws every row of the batch from one generator (seeded with ``seed``
+        and ``first_prompt_index``): unlike vllm's per-request seeds, what a prompt samples
+        depends on the batch it is in."""
         g = self.generating_args
         n = n if n is not None else g.num_return_sequences
         temperature = g.temperature if temperature is None else temperature
@@ -139,7 +144,7 @@ class HfInferStrategy:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else None)
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
-                torch.manual_seed(seed)
+                torch.manual_seed(seed + first_prompt_index)
             out = self.model.generate(
                 input_ids=ids_BT.to(self.device), attention_mask=mask_BT.to(self.device), **kwargs
             )

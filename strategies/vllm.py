@@ -331,10 +331,13 @@ class VllmStrategy:
         seed: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
+        first_prompt_index: int = 0,
     ) -> dict[str, list[Any]]:
         """``n`` samples for each prompt (token ids); see ``parse_request_outputs`` for the
         result. Arguments left None come from ``generating_args`` (``seed`` too: None there
-        means unseeded sampling); ``stop_token_ids`` default to the constructor's."""
+        means unseeded sampling); ``stop_token_ids`` default to the constructor's. Prompt ``i``
+        is seeded as the batch's prompt ``first_prompt_index + i``, so a batch split over
+        several engines samples what one engine would."""
         from vllm import SamplingParams
 
         self._require_awake()
@@ -352,7 +355,8 @@ class VllmStrategy:
             ignore_eos=ignore_eos,
         )
         params = [
-            SamplingParams(**{**base, "seed": request_seed(seed, i)}) for i in range(len(prompts))
+            SamplingParams(**{**base, "seed": request_seed(seed, first_prompt_index + i)})
+            for i in range(len(prompts))
         ]
         requests = [{"prompt_token_ids": list(p)} for p in _check_prompts(prompts)]
         outputs = self.llm.generate(

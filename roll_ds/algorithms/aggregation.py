@@ -17,10 +17,20 @@ average, so the scale does not grow with the batch size (the two differ by a fac
 ``denominator`` replaces the local count (valid tokens for token-mean, non-empty sequences for
 the seq-* modes). With micro-batching pass the count of the whole mini-batch so that the summed
 micro-batch losses equal the full-batch loss.
+
+Mini-batch normalization. An optimizer step sees ``accumulation x dp`` micro-batches (split over
+the data-parallel ranks); the trainer divides each micro-batch's loss by the accumulation steps
+and averages gradients over the ranks. ``MiniBatchNorm`` carries the counts of the *whole*
+mini-batch (``mini_batch_counts`` per micro-batch, summed over the accumulation window and
+all-reduced over the ranks) and the factor ``scale = accumulation x dp`` that undoes that
+averaging: ``norm.apply(loss)`` of every micro-batch then sums to the gradient of the loss over
+the whole mini-batch, whatever the split. Without it (``norm=None``) a token in a micro-batch of
+short responses would weigh more than one in a micro-batch of long ones.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -99,6 +109,37 @@ def seq_mean_token_sum_norm(
     if constant <= 0:
         raise ValueError(f"norm_constant must be > 0, got {constant}")
     return seq_mean_token_sum(loss_BT, mask_BT, denominator=denominator) / constant
+
+
+SEQUENCE_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def mini_batch_counts(mask_BT: Tensor) -> Tensor:
+    """``[2]`` float64: valid tokens and non-empty sequences of ``mask_BT`` (summed over the
+    micro-batches of an optimizer step and the ranks, they make a ``MiniBatchNorm``)."""
+    valid_BT = mask_BT.to(torch.float64)
+    return torch.stack([valid_BT.sum(), (valid_BT.sum(-1) > 0).to(torch.float64).sum()])
+
+
+@dataclass(frozen=True)
+class MiniBatchNorm:
+    """Denominators of one optimizer step's whole mini-batch, and the trainer's averaging
+    factor (``gradient_accumulation_steps x data-parallel size``) to undo."""
+
+    tokens: float
+    sequences: float
+    scale: float = 1.0
+
+    def denominator(self, agg_mode: str) -> float:
+        """The count ``agg_mode`` divides by (at least 1: an all-masked mini-batch has a zero
+        loss, not a division by zero)."""
+        AGG_MODES.check(agg_mode)
+        count = self.sequences if agg_mode in SEQUENCE_MODES else self.tokens
+        return max(float(count), 1.0)
+
+    def apply(self, loss: Tensor) -> Tensor:
+        """The micro-batch loss to hand the trainer (see the module docstring)."""
+        return loss * self.scale
 
 
 def aggregate_loss(

@@ -4,6 +4,13 @@
 Frozen dataclasses (picklable, no closures) called by the strategy once per micro batch with the
 trainer's fresh log-probs (values, for the critic); everything else they read travels in the
 micro batch.
+
+Both normalize over the whole optimizer-step mini-batch: the strategy sums
+``mini_batch_counts(micro_batch)`` over the micro-batches of an optimizer step and over the
+data-parallel ranks, and passes the result as ``norm`` (``algorithms.aggregation.MiniBatchNorm``).
+The actor's loss reads ``loss_mask`` (the response mask less truncated rows under
+``mask_truncated``); the critic's reads ``response_mask`` (it keeps learning truncated rows'
+values).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from typing import Any
 
 import torch
 
-from roll_ds.algorithms.aggregation import aggregate_loss
+from roll_ds.algorithms.aggregation import MiniBatchNorm, aggregate_loss, mini_batch_counts
 from roll_ds.algorithms.kl import kl_loss
 from roll_ds.algorithms.policy_loss import ppo_policy_loss, tis_weights
 from roll_ds.algorithms.value_loss import value_loss
@@ -26,6 +33,8 @@ class PolicyLoss:
     clip_high: float
     dual_clip: float | None
     ratio_level: str
+    seq_clip_low: float = 3e-4  # ratio_level="sequence" (GSPO)
+    seq_clip_high: float = 4e-4
     agg_mode: str
     kl_coef: float  # > 0 with use_kl_loss: KL to the reference as a loss term
     kl_estimator: str
@@ -40,6 +49,8 @@ class PolicyLoss:
             clip_high=algo.clip_high,
             dual_clip=algo.dual_clip,
             ratio_level=algo.ratio_level,
+            seq_clip_low=algo.seq_clip_low,
+            seq_clip_high=algo.seq_clip_high,
             agg_mode=algo.loss_agg_mode,
             kl_coef=algo.kl_coef if algo.use_kl_loss and not algo.kl_in_reward else 0.0,
             kl_estimator=algo.kl_estimator,
@@ -52,13 +63,24 @@ class PolicyLoss:
     def needs_entropy(self) -> bool:
         return self.entropy_coef != 0.0
 
+    def mini_batch_counts(self, batch: dict[str, Any]) -> torch.Tensor:
+        """``[tokens, sequences]`` of this micro batch that the loss averages over."""
+        return mini_batch_counts(_loss_mask(batch))
+
     def __call__(
         self,
         logprobs_BT: torch.Tensor,
         batch: dict[str, Any],
         entropy_BT: torch.Tensor | None = None,
+        *,
+        norm: MiniBatchNorm | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        mask_BT = batch["response_mask"]
+        """The micro batch's share of the mini-batch loss (``norm``; None: the micro batch
+        normalized on its own) and metrics. Loss values in the metrics are scaled like the
+        returned loss, so their mean over micro batches and ranks is the mini-batch's loss."""
+        mask_BT = _loss_mask(batch)
+        denominator = norm.denominator(self.agg_mode) if norm is not None else None
+        scale = norm.scale if norm is not None else 1.0
         weights_BT = None
         if self.tis_cap is not None:
             weights_BT = tis_weights(
@@ -73,12 +95,15 @@ class PolicyLoss:
             clip_high=self.clip_high,
             dual_clip=self.dual_clip,
             ratio_level=self.ratio_level,
+            seq_clip_low=self.seq_clip_low,
+            seq_clip_high=self.seq_clip_high,
             agg_mode=self.agg_mode,
             norm_constant=self.norm_constant,
+            denominator=denominator,
             is_weights_BT=weights_BT,
         )
         out = {f"actor/{k}": float(v) for k, v in metrics.items()}
-        out["actor/pg_loss"] = float(loss.detach())
+        out["actor/pg_loss"] = float(loss.detach()) * scale
         if self.kl_coef > 0:
             kl = kl_loss(
                 logprobs_BT,
@@ -87,17 +112,22 @@ class PolicyLoss:
                 estimator=self.kl_estimator,
                 agg_mode=self.agg_mode,
                 norm_constant=self.norm_constant,
+                denominator=denominator,
             )
             loss = loss + self.kl_coef * kl
-            out["actor/kl_loss"] = float(kl.detach())
+            out["actor/kl_loss"] = float(kl.detach()) * scale
         if entropy_BT is not None:
             entropy = aggregate_loss(
-                entropy_BT, mask_BT, self.agg_mode, norm_constant=self.norm_constant
+                entropy_BT,
+                mask_BT,
+                self.agg_mode,
+                norm_constant=self.norm_constant,
+                denominator=denominator,
             )
-            out["actor/entropy"] = float(entropy.detach())
+            out["actor/entropy"] = float(entropy.detach()) * scale
             if self.entropy_coef:
                 loss = loss - self.entropy_coef * entropy
-        return loss, out
+        return loss * scale, out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,12 +150,19 @@ class ValueLoss:
             norm_constant=float(response_length),
         )
 
+    def mini_batch_counts(self, batch: dict[str, Any]) -> torch.Tensor:
+        """``[tokens, sequences]`` of this micro batch that the loss averages over."""
+        return mini_batch_counts(batch["response_mask"])
+
     def __call__(
         self,
         values_BT: torch.Tensor,
         batch: dict[str, Any],
         entropy_BT: torch.Tensor | None = None,
+        *,
+        norm: MiniBatchNorm | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        scale = norm.scale if norm is not None else 1.0
         loss, metrics = value_loss(
             values_BT,
             batch["values"],
@@ -134,10 +171,16 @@ class ValueLoss:
             clip_range=self.clip_range,
             agg_mode=self.agg_mode,
             norm_constant=self.norm_constant,
+            denominator=norm.denominator(self.agg_mode) if norm is not None else None,
         )
         out = {
-            "critic/value_loss": float(loss.detach()),
+            "critic/value_loss": float(loss.detach()) * scale,
             "critic/vf_clipfrac": float(metrics["vf_clipfrac"]),
             "critic/vpred_mean": float(metrics["vpred_mean"]),
         }
-        return self.coef * loss, out
+        return self.coef * loss * scale, out
+
+
+def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
+    """The actor's loss mask: ``loss_mask`` where the pipeline set one, else the response mask."""
+    return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]

@@ -25,6 +25,7 @@ import torch
 from roll_ds.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from roll_ds.algorithms.aggregation import AGG_MODES
 from roll_ds.algorithms.kl import KL_ESTIMATORS
+from roll_ds.algorithms.masks import overlong_soft_penalty
 from roll_ds.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from roll_ds.config.estimators import needs_critic
 from roll_ds.config.schema import RLVRConfig
@@ -37,7 +38,13 @@ from roll_ds.pipeline.losses import PolicyLoss, ValueLoss
 from roll_ds.pipeline.passes import merge_pass_metrics, pass_orders, schedule_steps
 from roll_ds.pipeline.rollout import domain_metrics, domain_routes, encode_prompt, group_has_signal
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
-from roll_ds.tracking import Tracker, plot_curves, read_metrics
+from roll_ds.tracking import (
+    ROLLOUTS_FILE,
+    Tracker,
+    plot_curves,
+    read_metrics,
+    truncate_jsonl_after,
+)
 from strategies.base import StrategyContext
 
 logger = logging.getLogger(__name__)
@@ -46,6 +53,7 @@ TRAIN_KEYS = (
     "input_ids",
     "attention_mask",
     "response_mask",
+    "loss_mask",
     "old_logprobs",
     "advantages",
     "ref_logprobs",
@@ -90,8 +98,8 @@ class RLVRPipeline:
             self.eval_rows = self.eval_rows[: cfg.validation.max_prompts]
         self.model_dir = resolve_pretrain(cfg.pretrain)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self._encode(self.train_rows, cfg.actor_train.data_args.template)
-        self._encode(self.eval_rows, cfg.validation.data_args.template)
+        self.train_rows = self._encode(self.train_rows, cfg.actor_train.data_args, "actor_train")
+        self.eval_rows = self._encode(self.eval_rows, cfg.validation.data_args, "validation")
         domains = {r["domain"] for r in self.train_rows + self.eval_rows}
         self.routes = domain_routes(
             sorted(domains), {name: r.tag_included for name, r in cfg.rewards.items()}
@@ -101,7 +109,7 @@ class RLVRPipeline:
             seed=cfg.seed,
             domain_probs=dict(cfg.actor_train.data_args.domain_interleave_probs),
         )
-        self.checkpoints = CheckpointManager(self.out_dir / "checkpoints")
+        self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
         self.clusters: dict[str, Any] = {}
 
     @staticmethod
@@ -111,17 +119,37 @@ class RLVRPipeline:
             rows += load_jsonl_rows(path, default_domain=data_args.default_domain)
         return rows[: data_args.max_samples] if data_args.max_samples else rows
 
-    def _encode(self, rows: list[dict], template: str) -> None:
-        too_long = []
+    def _encode(self, rows: list[dict], data_args: Any, where: str) -> list[dict]:
+        """Tokenize every prompt; prompts over ``prompt_length`` fail the start, or are dropped
+        (and counted in the log) with ``data_args.filter_overlong_prompts``."""
+        limit = self.cfg.prompt_length
         for row in rows:
-            row["prompt_ids"] = encode_prompt(self.tokenizer, row["prompt"], template)
-            if len(row["prompt_ids"]) > self.cfg.prompt_length:
-                too_long.append(row["id"])
-        if too_long:
+            row["prompt_ids"] = encode_prompt(self.tokenizer, row["prompt"], data_args.template)
+        too_long = [row["id"] for row in rows if len(row["prompt_ids"]) > limit]
+        if not too_long:
+            return rows
+        if not data_args.filter_overlong_prompts:
             raise ValueError(
-                f"{len(too_long)} prompt(s) exceed prompt_length={self.cfg.prompt_length} tokens "
-                f"(e.g. {too_long[:3]}); raise prompt_length or shorten the prompts"
+                f"{where}.data_args: {len(too_long)} prompt(s) exceed prompt_length={limit} "
+                f"tokens (e.g. {too_long[:3]}); raise prompt_length, shorten the prompts, or set "
+                f"{where}.data_args.filter_overlong_prompts=true to drop them"
             )
+        kept = [row for row in rows if len(row["prompt_ids"]) <= limit]
+        logger.warning(
+            "%s.data_args.filter_overlong_prompts: dropped %d of %d prompts over prompt_length=%d "
+            "tokens (e.g. %s)",
+            where,
+            len(too_long),
+            len(rows),
+            limit,
+            too_long[:3],
+        )
+        if not kept:
+            raise ValueError(
+                f"{where}.data_args: every prompt exceeds prompt_length={limit} tokens; raise "
+                "prompt_length"
+            )
+        return kept
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -346,28 +374,35 @@ class RLVRPipeline:
             )
         metrics = self.weight_transport.sync(self.actor_train, self.actor_infer)
         if ws.parity_check:
-            metrics.update(self._weight_parity())
+            metrics.update(self._weight_parity(metrics))
         return metrics
 
-    def _weight_parity(self) -> dict[str, float]:
-        """vLLM's vs the trainer's log-probs on the first ``parity_probe_size`` train prompts."""
-        from roll_ds.weight_sync.parity import check_parity, probe_batch
+    def _weight_parity(self, sync_metrics: dict[str, float]) -> dict[str, float]:
+        """vLLM's vs the trainer's log-probs on the first ``parity_probe_size`` train prompts;
+        a gap above ``weight_sync.parity_max_abs_diff`` (default: by dtype) stops the run."""
+        from roll_ds.weight_sync.parity import check_parity, default_max_abs_diff, probe_batch
 
-        ws = self.cfg.weight_sync
+        ws, cfg = self.cfg.weight_sync, self.cfg
         if getattr(self, "parity_probe", None) is None:
             rows = [r["prompt_ids"] for r in self.train_rows if len(r["prompt_ids"]) >= 2]
             self.parity_probe = probe_batch(rows[: ws.parity_probe_size], self._pad_id())
+        dtypes = (cfg.actor_train.model_args.dtype, cfg.actor_infer.model_args.dtype)
+        bound = ws.parity_max_abs_diff
+        if bound is None:
+            bound = default_max_abs_diff(*dtypes)
+        what = (
+            f"{int(sync_metrics.get('sync/num_tensors', 0))} tensors, trainer "
+            f"{dtypes[0]} -> {self.actor_infer.name} {dtypes[1]}"
+        )
         return check_parity(
-            self.actor_train,
-            self.actor_infer,
-            self.parity_probe,
-            max_abs_diff=ws.parity_max_abs_diff,
+            self.actor_train, self.actor_infer, self.parity_probe, max_abs_diff=bound, what=what
         )
 
     def rollout_and_score(self, step: int) -> tuple[Batch, dict[str, float]]:
         cfg, algo = self.cfg, self.cfg.algorithm
         group = cfg.num_return_sequences_in_group
-        kept: list[Batch] = []
+        kept: list[Batch] = []  # groups that train
+        spare: list[Batch] = []  # dynamic sampling: groups without signal, padding if short
         kept_groups, drawn, rounds = 0, 0, 0
         stats: dict[str, float] = {"time/rollout_generate": 0.0, "time/rollout_reward": 0.0}
         while True:
@@ -376,26 +411,35 @@ class RLVRPipeline:
             samples = self._generate(prompts, seed=_step_seed(cfg.seed, step, rounds))
             generated = time.perf_counter()
             self._score(samples)
+            penalty = self._overlong_penalty(samples)
             stats["time/rollout_generate"] += generated - started
             stats["time/rollout_reward"] += time.perf_counter() - generated
             if rounds == 0:
                 stats.update(self._rollout_metrics(samples))
+                if penalty is not None:
+                    stats["rollout/overlong_penalty"] = float(penalty.mean())
             drawn += len(prompts)
             if not algo.dynamic_sampling:
                 kept.append(samples)
                 break
-            signal = group_has_signal(samples["scores"], group)
-            keep_rows = signal.repeat_interleave(group).nonzero().flatten()
-            kept.append(samples.index(keep_rows))
-            kept_groups += int(signal.sum())
+            signal_B = group_has_signal(samples["scores"], group).repeat_interleave(group)
+            kept.append(samples.index(signal_B.nonzero().flatten()))
+            spare.append(samples.index((~signal_B).nonzero().flatten()))
+            kept_groups += int(signal_B.sum()) // group
             rounds += 1
             if kept_groups >= cfg.rollout_batch_size or rounds >= algo.max_resample_rounds:
                 break
-        batch = Batch.concat([b for b in kept if len(b)]) if any(len(b) for b in kept) else kept[0]
+        padding = 0
         if algo.dynamic_sampling:
             stats["rollout/kept_group_fraction"] = kept_groups / max(drawn, 1)
-            batch = self._fit_dynamic_batch(batch, samples)
-        return self._pack(batch), stats
+            batch, padding = fit_dynamic_batch(kept, spare, group, cfg.rollout_batch_size)
+            stats["rollout/padding_groups"] = padding / group
+        else:
+            batch = kept[0]
+        packed = self._pack(batch)
+        if padding:  # padding groups carry no signal: they stay out of the loss
+            packed.tensors["loss_mask"][len(packed) - padding :] = 0.0
+        return packed, stats
 
     def _generate(self, prompts: list[dict], seed: int) -> Batch:
         prompt_batch = Batch(
@@ -440,6 +484,22 @@ class RLVRPipeline:
         samples.tensors["scores"] = scores
         samples.non_tensors["reward_info"] = object_array(infos)
 
+    def _overlong_penalty(self, samples: Batch) -> torch.Tensor | None:
+        """DAPO's soft overlong punishment (``algorithm.overlong_buffer_len`` > 0), added to
+        the training rollouts' scores before advantages and dynamic sampling see them."""
+        algo = self.cfg.algorithm
+        if not algo.overlong_buffer_len:
+            return None
+        lengths_B = torch.tensor([len(r) for r in samples["response_ids"]])
+        penalty_B = overlong_soft_penalty(
+            lengths_B,
+            self.cfg.response_length,
+            algo.overlong_buffer_len,
+            algo.overlong_penalty_factor,
+        )
+        samples.tensors["scores"] = samples["scores"] + penalty_B
+        return penalty_B
+
     def _rollout_metrics(self, samples: Batch) -> dict[str, float]:
         metrics = domain_metrics(
             "rollout", list(samples["domain"]), samples["scores"].tolist(), samples["reward_info"]
@@ -451,15 +511,6 @@ class RLVRPipeline:
         ) / len(lengths)
         return metrics
 
-    def _fit_dynamic_batch(self, batch: Batch, last: Batch) -> Batch:
-        """Trim (or pad with zero-signal groups from ``last``) to rollout_batch_size groups."""
-        group, want = self.cfg.num_return_sequences_in_group, self.cfg.rollout_batch_size
-        have = len(batch) // group
-        if have >= want:
-            return batch.index(list(range(want * group)))
-        pad = last.index(list(range((want - have) * group)))
-        return Batch.concat([batch, pad]) if have else pad
-
     def _pack(self, samples: Batch) -> Batch:
         tensors = pack_sequences(
             list(samples["prompt_ids"]), list(samples["response_ids"]), self._pad_id()
@@ -469,9 +520,12 @@ class RLVRPipeline:
         tensors["rollout_logprobs"] = scatter_response_values(
             list(samples["rollout_logprobs"]), prompt_lengths, width
         )
+        # The actor's loss mask; rewards, advantages, KL-in-reward and the critic keep the
+        # response mask (mask_truncated drops truncated rows from the policy loss only).
+        tensors["loss_mask"] = tensors["response_mask"].clone()
         if self.cfg.algorithm.mask_truncated:
             truncated = torch.tensor([f == "length" for f in samples["finish_reason"]])
-            tensors["response_mask"][truncated] = 0.0
+            tensors["loss_mask"][truncated] = 0.0
         tensors["scores"] = samples["scores"]
         non_tensors = {k: samples[k] for k in ("domain", "id", "response_text")}
         return Batch(tensors, non_tensors)
@@ -566,8 +620,30 @@ class RLVRPipeline:
             call.get()
         self.sampler.load_state_dict(state["sampler"])
         restore_rng_state(state["rng"])
-        logger.info("resumed from %s at step %d", path, state["step"])
-        return int(state["step"])
+        step = int(state["step"])
+        # The resumed run dumps the later steps' rollouts again (metrics: Tracker(resume_step=)).
+        truncate_jsonl_after(self.out_dir / ROLLOUTS_FILE, step)
+        logger.info("resumed from %s at step %d", path, step)
+        return step
+
+
+def fit_dynamic_batch(
+    kept: list[Batch], spare: list[Batch], group: int, want: int
+) -> tuple[Batch, int]:
+    """Dynamic sampling's batch of exactly ``want`` groups: the first ``want`` kept groups, or
+    all of them followed by groups without signal from ``spare`` (never a kept group twice).
+    Returns the batch and how many of its last rows are such padding. Enough spare groups
+    always exist: every round draws ``want`` groups, each either kept or spare."""
+    batch = Batch.concat([b for b in kept if len(b)]) if any(len(b) for b in kept) else None
+    have = len(batch) // group if batch is not None else 0
+    if have >= want:
+        return batch.index(list(range(want * group))), 0
+    pool = Batch.concat([b for b in spare if len(b)])
+    pad_rows = (want - have) * group
+    if len(pool) < pad_rows:
+        raise RuntimeError(f"dynamic sampling: {len(pool)} spare rows for {pad_rows} padding rows")
+    pad = pool.index(list(range(pad_rows)))
+    return (Batch.concat([batch, pad]) if batch is not None else pad), pad_rows
 
 
 def rollout_temperature(cfg: RLVRConfig) -> float:

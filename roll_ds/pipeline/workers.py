@@ -190,9 +190,10 @@ class RolloutWorker(StrategyWorker):
     def generate(self, batch: Batch, *, seed: int, **sampling: Any) -> Batch:
         """``n`` samples per prompt (``prompt_ids`` column); rows come back grouped by prompt."""
         prompts = list(batch["prompt_ids"])
-        # A distinct seed per prompt that does not depend on how prompts were split over ranks.
+        # Each prompt is seeded by its index in the whole batch, so what it samples does not
+        # depend on how the prompts were split over the rollout workers.
         first_row = int(batch["row"][0])
-        out = self.strategy.generate(prompts, seed=seed + first_row, **sampling)
+        out = self.strategy.generate(prompts, seed=seed, first_prompt_index=first_row, **sampling)
         rows = [first_row + i for i in out["prompt_index"]]
         return Batch(
             non_tensors={

@@ -147,3 +147,19 @@ def test_weight_units_merge_lora_and_emit_tied_head():
     lora_layer = model.base_model.model.proj
     assert not lora_layer.merged
     assert hf_param_name("a.proj.base_layer.weight") == "a.proj.weight"
+
+
+def test_trainer_entropy_is_finite_with_masked_vocabulary():
+    """-inf logits (a masked vocabulary) contribute 0 to the entropy and its gradient, in the
+    path the trainer uses (one implementation, shared with roll_ds.algorithms)."""
+    import math
+
+    from roll_ds.algorithms.kl import entropy_from_logits as algorithms_entropy
+    from strategies import _common
+
+    assert _common.entropy_from_logits is algorithms_entropy
+    logits = torch.tensor([[[0.0, 0.0, -math.inf, -math.inf]]], requires_grad=True)
+    entropy = _common.entropy_from_logits(logits)
+    assert torch.allclose(entropy, torch.tensor([[math.log(2.0)]]))
+    entropy.sum().backward()
+    assert torch.isfinite(logits.grad).all()

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from roll_ds.config.schema import AlgorithmConfig
@@ -86,3 +87,106 @@ def test_domain_metrics_by_hand():
     assert out["eval/b/accuracy"] == 1.0
     assert out["eval/b/score"] == 0.75
     assert out["eval/timeouts"] == 1.0
+
+
+# --- issue 10: dynamic sampling padding, mask_truncated, overlong penalty ---------------------
+
+
+def _groups(ids: list[str], group: int = 2):
+    from roll_ds.distributed.batch import Batch
+
+    rows = [f"{g}.{j}" for g in ids for j in range(group)]
+    return Batch(non_tensors={"id": rows})
+
+
+def test_dynamic_batch_pads_with_spare_groups_never_a_kept_one_twice():
+    from roll_ds.pipeline.rlvr import fit_dynamic_batch
+
+    kept = [_groups(["a"]), _groups([]), _groups(["b"])]
+    spare = [_groups(["x", "y"]), _groups(["z"])]
+    batch, padding = fit_dynamic_batch(kept, spare, group=2, want=4)
+    ids = list(batch["id"])
+    assert ids == ["a.0", "a.1", "b.0", "b.1", "x.0", "x.1", "y.0", "y.1"]
+    assert len(set(ids)) == len(ids)
+    assert padding == 4
+    # Enough kept groups: trimmed, no padding.
+    batch, padding = fit_dynamic_batch([_groups(["a", "b", "c"])], spare, group=2, want=2)
+    assert list(batch["id"]) == ["a.0", "a.1", "b.0", "b.1"] and padding == 0
+    # Nothing kept at all: every group is padding.
+    batch, padding = fit_dynamic_batch([_groups([])], spare, group=2, want=3)
+    assert padding == 6 and len(batch) == 6
+
+
+class _Tok:
+    pad_token_id = 0
+    eos_token_id = 2
+
+
+def _pipeline(**algo):
+    from roll_ds.config.schema import RLVRConfig
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+
+    pipe = RLVRPipeline.__new__(RLVRPipeline)
+    pipe.cfg = RLVRConfig(response_length=4, algorithm=AlgorithmConfig(**algo))
+    pipe.tokenizer = _Tok()
+    return pipe
+
+
+def _samples(finish: list[str], responses: list[list[int]]):
+    from roll_ds.distributed.batch import Batch
+
+    n = len(finish)
+    return Batch(
+        tensors={"scores": torch.ones(n)},
+        non_tensors={
+            "prompt_ids": [[5, 6]] * n,
+            "response_ids": responses,
+            "rollout_logprobs": [[-0.5] * len(r) for r in responses],
+            "finish_reason": finish,
+            "domain": ["math"] * n,
+            "id": [str(i) for i in range(n)],
+            "response_text": ["x"] * n,
+        },
+    )
+
+
+def test_mask_truncated_masks_the_loss_only():
+    pipe = _pipeline(mask_truncated=True)
+    packed = pipe._pack(_samples(["stop", "length"], [[7, 2], [7, 8, 9, 9]]))
+    assert packed["response_mask"].sum(-1).tolist() == [2.0, 4.0]  # advantages, critic, KL
+    assert packed["loss_mask"].sum(-1).tolist() == [2.0, 0.0]  # the policy loss
+    off = _pipeline(mask_truncated=False)._pack(
+        _samples(["stop", "length"], [[7, 2], [7, 8, 9, 9]])
+    )
+    assert torch.equal(off["loss_mask"], off["response_mask"])
+
+
+def test_overlong_penalty_is_added_to_training_scores():
+    pipe = _pipeline(overlong_buffer_len=2, overlong_penalty_factor=0.5)
+    samples = _samples(["stop", "stop", "length"], [[2], [7, 8, 2], [7, 8, 9, 9]])
+    penalty = pipe._overlong_penalty(samples)
+    # response_length 4, buffer 2: free up to 2 tokens, then -0.5 * (len - 2) / 2.
+    assert penalty.tolist() == [0.0, -0.25, -0.5]
+    assert samples["scores"].tolist() == [1.0, 0.75, 0.5]
+    assert _pipeline()._overlong_penalty(_samples(["stop"], [[2]])) is None
+
+
+def test_filter_overlong_prompts_drops_and_counts(caplog):
+    from roll_ds.config.schema import DataArgs
+
+    class _Encoding(_Tok):
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": list(range(len(text)))}
+
+        def encode(self, text, add_special_tokens=False):
+            return list(range(len(text)))
+
+    pipe = _pipeline()
+    pipe.cfg.prompt_length = 3
+    pipe.tokenizer = _Encoding()
+    rows = [{"id": "short", "prompt": "ab"}, {"id": "long", "prompt": "abcdef"}]
+    with pytest.raises(ValueError, match=r"actor_train.data_args: 1 prompt.*filter_overlong"):
+        pipe._encode([dict(r) for r in rows], DataArgs(), "actor_train")
+    kept = pipe._encode([dict(r) for r in rows], DataArgs(filter_overlong_prompts=True), "x")
+    assert [r["id"] for r in kept] == ["short"]
+    assert "dropped 1 of 2 prompts" in caplog.text

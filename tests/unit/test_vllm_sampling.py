@@ -280,3 +280,35 @@ def test_registry_resolves_vllm_to_a_generate_strategy():
     cls = STRATEGIES.get("vllm")
     assert cls.__name__ == "VllmStrategy"
     assert isinstance(cls(model_path="/m"), GenerateStrategy)
+
+
+class _SeedRecordingStrategy:
+    """Stands in for the vllm strategy: 'samples' each prompt's request seed."""
+
+    def generate(self, prompts, *, seed, first_prompt_index=0, **_):
+        seeds = [request_seed(seed, first_prompt_index + i) for i in range(len(prompts))]
+        return {
+            "prompt_index": list(range(len(prompts))),
+            "response_ids": [[s] for s in seeds],
+            "logprobs": [[0.0] for _ in seeds],
+            "finish_reason": ["stop"] * len(seeds),
+        }
+
+
+def test_prompt_seeds_do_not_depend_on_the_split_over_rollout_workers():
+    from roll_ds.distributed.batch import Batch
+    from roll_ds.distributed.dispatch import Dispatch, dispatch_spec, split_call
+    from roll_ds.pipeline.workers import RolloutWorker
+
+    worker = RolloutWorker.__new__(RolloutWorker)
+    worker.strategy = _SeedRecordingStrategy()
+    batch = Batch(non_tensors={"prompt_ids": [[1, 2]] * 7, "row": range(7)})
+    spec = dispatch_spec(RolloutWorker, "generate")
+    assert spec.mode is Dispatch.DP
+    seeds_by_split = {}
+    for world_size in (1, 2, 3):
+        calls = split_call(spec, world_size, (batch,), {"seed": 11})
+        out = Batch.concat([worker.generate(*args, **kwargs) for _, args, kwargs in calls])
+        seeds_by_split[world_size] = [ids[0] for ids in out["response_ids"]]
+    assert seeds_by_split[1] == seeds_by_split[2] == seeds_by_split[3]
+    assert len(set(seeds_by_split[1])) == 7

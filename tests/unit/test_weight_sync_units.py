@@ -222,6 +222,29 @@ def test_compare_raises_above_the_threshold_naming_the_worst_worker():
         compare(trainer, [torch.full((1, 2), float("nan"))], mask, max_abs_diff=1.0)
 
 
+def test_parity_error_names_the_sync_and_the_fix():
+    mask = torch.ones(1, 3, dtype=torch.long)
+    stale = torch.tensor([[0.0, -0.35]])
+    with pytest.raises(
+        WeightSyncParityError, match=r"26 tensors, trainer fp32.*parity_check=false"
+    ):
+        compare(
+            torch.zeros(1, 2), [stale], mask, max_abs_diff=1e-3, what="26 tensors, trainer fp32"
+        )
+
+
+def test_default_parity_bound_follows_the_coarsest_dtype():
+    from roll_ds.weight_sync.parity import default_max_abs_diff
+
+    assert default_max_abs_diff("fp32", "fp32") == 1e-3
+    assert default_max_abs_diff("fp32", "bf16") == default_max_abs_diff("bf16") == 1.0
+    assert default_max_abs_diff("fp16", "fp32") == 0.5
+    # A failed fp32 sync measured here (tied lm_head left out) was off by 0.35.
+    assert default_max_abs_diff("fp32") < 0.35
+    with pytest.raises(ValueError, match="int8"):
+        default_max_abs_diff("int8")
+
+
 # --- the collective stream over a real gloo group (members are threads) -----------------------
 
 
