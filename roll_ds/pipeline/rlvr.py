@@ -111,6 +111,11 @@ class RLVRPipeline:
         )
         self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
         self.clusters: dict[str, Any] = {}
+        # Weight versions: the trainer's is the number of train steps taken; the rollout
+        # engines' is the version they last received (None: never synced).
+        self.policy_version = 0
+        self.rollout_version: int | None = None
+        self._unreported_sync: dict[str, float] = {}
 
     @staticmethod
     def _load_rows(data_args: Any) -> list[dict]:
@@ -252,7 +257,6 @@ class RLVRPipeline:
         bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
         try:
             if start_step == 0 and cfg.eval_steps:
-                self.sync_weights()
                 tracker.log(self.evaluate(), step=0)
             for step in bar:
                 metrics = self.train_one_step(step)
@@ -284,6 +288,8 @@ class RLVRPipeline:
         timings: dict[str, float] = {}
         with timed(timings, "sync"):
             sync_metrics = self.sync_weights()
+        sync_metrics = {**self._unreported_sync, **sync_metrics}
+        self._unreported_sync = {}
         with timed(timings, "rollout"):
             batch, rollout_stats = self.rollout_and_score(step)
         inputs = batch.select("input_ids", "attention_mask", meta=False)
@@ -299,6 +305,7 @@ class RLVRPipeline:
             metrics = self.compute_advantages(batch)
         with timed(timings, "train"):
             metrics.update(self.train(batch, step))
+        self.policy_version = step + 1
         metrics.update(rollout_stats)
         metrics.update(sync_metrics)
         metrics.update(timings)
@@ -361,7 +368,15 @@ class RLVRPipeline:
     def sync_weights(self) -> dict[str, float]:
         """Gather the policy's full weights from the ZeRO shards into every rollout engine (one
         reload each, prefix cache dropped), then check parity. Returns ``sync/*`` metrics:
-        seconds, bytes, gbps, ... and ``sync/parity_max_abs_diff`` / ``_mean_abs_diff``."""
+        seconds, bytes, gbps, ... and ``sync/parity_max_abs_diff`` / ``_mean_abs_diff``; empty
+        when the engines already serve the trainer's version."""
+        if self.rollout_version == self.policy_version:
+            return {}
+        metrics = self._sync_weights()
+        self.rollout_version = self.policy_version
+        return metrics
+
+    def _sync_weights(self) -> dict[str, float]:
         from roll_ds.weight_sync.select import build_transport
 
         ws = self.cfg.weight_sync
@@ -551,7 +566,9 @@ class RLVRPipeline:
     # --- evaluation and checkpoints --------------------------------------------------------
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out rows (the weights must be synced)."""
+        """Greedy accuracy of the trainer's current policy on the held-out rows (synced into the
+        rollout engines first if they lag; the next step then reports that sync's metrics)."""
+        self._unreported_sync.update(self.sync_weights())
         gen = self.cfg.validation.generating_args
         prompt_batch = Batch(
             non_tensors={
@@ -624,6 +641,7 @@ class RLVRPipeline:
         # The resumed run dumps the later steps' rollouts again (metrics: Tracker(resume_step=)).
         truncate_jsonl_after(self.out_dir / ROLLOUTS_FILE, step)
         logger.info("resumed from %s at step %d", path, step)
+        self.policy_version = step
         return step
 
 
