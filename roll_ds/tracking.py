@@ -36,14 +36,14 @@ class Tracker:
             path = self.log_dir / METRICS_FILE
             if resume_step:  # drop rows past the checkpoint: the resumed run writes them again
                 truncate_jsonl_after(path, resume_step)
+            elif path.exists():  # a fresh run replaces an earlier run's rows, never mixes in
+                path.unlink()
             self._jsonl = open(path, "a")  # noqa: SIM115  (closed in close())
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(
-                str(self.log_dir / "tensorboard"), purge_step=resume_step or None
-            )
+            self._tb = SummaryWriter(str(self.log_dir / "tensorboard"), purge_step=resume_step)
         self._wandb = None
         if wandb_project:
             import wandb

@@ -243,6 +243,8 @@ class RLVRPipeline:
     def run(self) -> list[dict[str, float]]:
         cfg = self.cfg
         start_step = self._maybe_resume()
+        if start_step == 0:  # a fresh run: an earlier run's rollout dumps are not ours
+            (self.out_dir / ROLLOUTS_FILE).unlink(missing_ok=True)
         tracker = Tracker(
             self.out_dir,
             tensorboard=cfg.tracking.tensorboard,

@@ -286,6 +286,14 @@ def test_tracker_jsonl_tensorboard_and_resume_truncation(tmp_path):
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [(r["step"], r["reward"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 0.33)]
 
+    # A fresh run in the same directory replaces the earlier run's rows.
+    fresh = Tracker(tmp_path, tensorboard=False)
+    fresh.log({"reward": 0.5}, 1)
+    fresh.close()
+    assert [(r["step"], r["reward"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [
+        (1, 0.5)
+    ]
+
 
 def test_plot_curves_writes_png(tmp_path):
     rows = [{"step": s, "reward": s * 0.1, "eval/accuracy": 0.3 + s * 0.01} for s in range(5)]
