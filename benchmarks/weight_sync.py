@@ -173,7 +173,7 @@ def pp_send_one(worker: Any, index: int) -> None:
     produced = _pp_gather(worker, index)
     if worker.rank != 0:
         return
-    group = worker._sync_group[0]
+    group = worker.weight_sender.member.group
     tensor = produced[0][1].contiguous()
     meta = [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in produced]
     group.broadcast_object(meta, "per-parameter header")
@@ -195,7 +195,7 @@ def _reload_one(vllm_worker: Any, named: list) -> None:
 def _recv_reload_one(vllm_worker: Any) -> None:
     import torch
 
-    group = vllm_worker._roll_ds_transfer[0]
+    group = vllm_worker._roll_ds_member.group
     meta = group.broadcast_object(None, "per-parameter header")
     _, dtype, shape = meta[0]
     nbytes = getattr(torch, dtype).itemsize * max(1, int(torch.tensor(shape).prod()))

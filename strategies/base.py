@@ -7,11 +7,12 @@ DeepSpeed or vLLM. Importing this module must stay cheap.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from roll_ds.registry import Registry
+from roll_ds.weight_sync.endpoint import WeightReceiver, WeightSource
 
 if TYPE_CHECKING:
     import torch
@@ -85,25 +86,26 @@ class InferenceStrategy(Protocol):
 
 
 @runtime_checkable
-class GenerateStrategy(InferenceStrategy, Protocol):
+class GenerateStrategy(InferenceStrategy, WeightReceiver, Protocol):
+    """A rollout backend. Weight syncs replace what it serves: ``load_weights`` (from
+    ``WeightReceiver``) at least; ``roll_ds.weight_sync.endpoint`` lists what else a backend
+    can declare (``enable_adapter_sync``, ``receives_in_engine_workers``)."""
+
     def generate(self, prompts: list[list[int]], **sampling: Any) -> dict[str, Any]:
         """Sample responses: token ids and the sampled tokens' log-probs per sample."""
-
-    def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        """Replace the served weights (weight sync)."""
 
 
 LossFn = Callable[..., tuple["torch.Tensor", dict[str, float]]]
 
 
 @runtime_checkable
-class TrainStrategy(InferenceStrategy, Protocol):
+class TrainStrategy(InferenceStrategy, WeightSource, Protocol):
+    """A training backend; a policy's weights reach the rollout engines through the
+    ``WeightSource`` methods (``named_weights_for_sync``, ``adapter_buckets_for_sync``)."""
+
     def train_step(self, batch: dict[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over ``batch`` (micro-batched, accumulated); returns metrics."""
 
     def save_checkpoint(self, path: str, tag: str) -> None: ...
 
     def load_checkpoint(self, path: str, tag: str) -> None: ...
-
-    def named_weights_for_sync(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Full (gathered, LoRA-merged) weights under HF names, in size-bounded buckets."""

@@ -45,6 +45,8 @@ from strategies.base import StrategyContext
 if TYPE_CHECKING:
     import torch
 
+    from roll_ds.weight_sync.group import GroupSpec
+
 WORKER_EXTENSION = "strategies.vllm_worker_ext.RollDsWorkerExtension"  # vLLM qualname form
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # KV cache reserved on CPU when strategy_config sets neither size: vLLM's default reserves 92 %
@@ -234,6 +236,10 @@ def vllm_lora_rank(rank: int) -> int:
 
 
 class VllmStrategy:
+    # Weight sync: the engine's workers join weight-sync groups and receive there themselves
+    # (roll_ds.weight_sync.endpoint.EngineWorkersReceiver; the methods under "weight sync").
+    receives_in_engine_workers = True
+
     def __init__(
         self,
         *,
@@ -420,10 +426,26 @@ class VllmStrategy:
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
         return stats[0]
 
-    def receive_weights(self, plane: str) -> dict[str, Any]:
-        """The receiving side of a transport sync: every vLLM worker reads one sync from the
-        group it joined on ``plane`` (see ``vllm_worker_ext``) into one reload, then the prefix
-        cache is dropped. Returns worker 0's counts plus ``workers``."""
+    # group transports: every vLLM worker is a member of the weight-sync group and receives
+    # itself, through RollDsWorkerExtension (strategies/vllm_worker_ext.py)
+
+    def transfer_group_members(self) -> int:
+        """Members this engine brings to a weight-sync group: one per vLLM worker."""
+        self._require_initialized()
+        return len(self.llm.collective_rpc("roll_ds_worker_rank"))
+
+    def join_transfer_group(self, plane: str, spec: GroupSpec, rank_offset: int) -> list[int]:
+        """Every vLLM worker joins the group as ``rank_offset + its rank`` (blocks until every
+        member joins, bounded by ``spec.timeout_s``); returns the ranks taken."""
+        self._require_initialized()
+        args = (plane, spec, rank_offset)
+        return self.llm.collective_rpc("roll_ds_join_transfer_group", args=args)
+
+    def receive_from_group(self, plane: str) -> dict[str, Any]:
+        """The receiving side of a group sync: every vLLM worker reads one sync from the group
+        it joined on ``plane`` into one reload, then the prefix cache is dropped (or, syncing
+        the adapter, worker 0 writes it and the engine serves it). Returns worker 0's counts
+        plus ``workers``."""
         self._require_awake("weights")
         adapter = None
         if self._adapters is not None:  # worker 0 writes the adapter directory
@@ -434,6 +456,12 @@ class VllmStrategy:
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
         return {**per_worker[0], "workers": len(per_worker)}
+
+    def leave_transfer_group(self) -> None:
+        """Every vLLM worker leaves its weight-sync group (if it joined one; no engine, no
+        group)."""
+        if self.llm is not None:
+            self.llm.collective_rpc("roll_ds_leave_transfer_group")
 
     def enable_adapter_sync(self, config: Mapping[str, Any]) -> None:
         """From now on a sync carries the policy's LoRA adapter (peft names; ``config`` is its

@@ -3,9 +3,12 @@
 ``VllmStrategy`` names ``RollDsWorkerExtension`` in ``vllm.LLM(worker_extension_cls=...)``; vLLM
 then mixes it into its worker class, so ``llm.collective_rpc("roll_ds_reload_weights", ...)``
 runs on every tensor-parallel worker, in whatever process that worker lives (the caller's own
-process on CPU, where the engine is in-process). Weight-sync transports that receive tensors on
-the worker side (a process group, CUDA IPC) add their ``roll_ds_*`` methods here and feed the
-received tensors to ``reload_weights_checked`` as *one* iterator.
+process on CPU, where the engine is in-process). The group transports (``collective``,
+``cuda_ipc``) receive on the worker side: each worker takes a seat in the weight-sync group
+(``roll_ds.weight_sync.collective.GroupMember``, which also checks the plane and drains the
+stream after a failed load) and feeds the received tensors to ``reload_weights_checked`` as
+*one* iterator; ``VllmStrategy``'s ``*_transfer_group`` / ``receive_from_group`` methods call
+these ``roll_ds_*`` methods on every worker.
 
 Two ways a reload can go silently wrong, both closed here:
 
@@ -33,6 +36,9 @@ from roll_ds.weight_sync.adapter import write_adapter
 
 if TYPE_CHECKING:
     import torch
+
+    from roll_ds.weight_sync.collective import GroupMember
+    from roll_ds.weight_sync.group import GroupSpec
 
 EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
@@ -157,8 +163,9 @@ def _ignore(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]
 
 
 class RollDsWorkerExtension:
-    """Mixed into vLLM's worker class; every method name starts with ``roll_ds_`` so it cannot
-    clash with the worker's own attributes (vLLM asserts there is no clash)."""
+    """Mixed into vLLM's worker class; every name starts with ``roll_ds_`` (``_roll_ds_`` when
+    private) so it cannot clash with the worker's own attributes (vLLM asserts there is no
+    clash)."""
 
     def roll_ds_reload_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]]
@@ -168,21 +175,20 @@ class RollDsWorkerExtension:
     def roll_ds_tie_word_embeddings(self) -> bool:
         return tie_word_embeddings(self)
 
-    # weight-sync group (roll_ds.weight_sync.collective / cuda_ipc): this worker is one receiver
+    # weight-sync group (roll_ds.weight_sync.collective / cuda_ipc): this worker is one member,
+    # its seat a roll_ds.weight_sync.collective.GroupMember
+
+    _roll_ds_member: GroupMember | None = None
 
     def roll_ds_worker_rank(self) -> int:
         """This worker's rank in its engine (tensor-parallel rank)."""
         return int(getattr(self, "rank", 0))
 
-    def roll_ds_join_transfer_group(self, plane: str, spec: Any, rank_offset: int) -> int:
+    def roll_ds_join_transfer_group(self, plane: str, spec: GroupSpec, rank_offset: int) -> int:
         """Join the weight-sync group as rank ``rank_offset + own rank`` (blocks until every
         member joins, bounded by ``spec.timeout_s``); a previous group is left first."""
-        from roll_ds.weight_sync.collective import TransferGroup, make_plane
-
-        self.roll_ds_leave_transfer_group()
         rank = rank_offset + self.roll_ds_worker_rank()
-        group = TransferGroup(spec, rank, device=getattr(self, "device", "cpu"))
-        self._roll_ds_transfer = (group, make_plane(plane), plane)
+        self._roll_ds_seat().join(spec, rank, plane, device=getattr(self, "device", "cpu"))
         return rank
 
     def roll_ds_receive_weights(
@@ -192,30 +198,20 @@ class RollDsWorkerExtension:
         ``adapter`` (``weight_sync.lora_sync: adapter``): the sync carries a LoRA adapter;
         worker 0 writes it to ``adapter[0]`` with config ``adapter[1]`` (the others drain the
         stream), and the strategy then registers it with the engine."""
-        from roll_ds.weight_sync.collective import ReceiveStream, receive_into
-
-        joined = getattr(self, "_roll_ds_transfer", None)
-        if joined is None:
-            raise RuntimeError("roll_ds_receive_weights: this worker has not joined a group")
-        group, data_plane, joined_plane = joined
-        if joined_plane != plane:
-            raise RuntimeError(
-                f"asked to receive by {plane!r}; the group was joined by {joined_plane!r}"
-            )
-        stream = ReceiveStream(group, data_plane)
         if adapter is None:
             sink = functools.partial(reload_weights_checked, self)
         elif self.roll_ds_worker_rank() == 0:
             sink = functools.partial(write_adapter, directory=adapter[0], config=adapter[1])
         else:
-            sink = _ignore  # receive_into drains the stream
-        stats = receive_into(sink, stream)
-        stats.update(stream.stats())
-        return stats
+            sink = _ignore  # the stream is drained
+        return self._roll_ds_seat().receive(sink, plane)
 
     def roll_ds_leave_transfer_group(self) -> None:
-        joined = getattr(self, "_roll_ds_transfer", None)
-        self._roll_ds_transfer = None
-        if joined is not None:
-            joined[1].close()
-            joined[0].close()
+        self._roll_ds_seat().leave()
+
+    def _roll_ds_seat(self) -> GroupMember:
+        if self._roll_ds_member is None:
+            from roll_ds.weight_sync.collective import GroupMember
+
+            self._roll_ds_member = GroupMember()
+        return self._roll_ds_member

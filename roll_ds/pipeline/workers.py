@@ -6,13 +6,13 @@ return a ``Batch`` the cluster concatenates in rank order; ``ALL`` methods run o
 
 from __future__ import annotations
 
-import time
 from typing import Any, ClassVar
 
 from roll_ds.config.schema import RewardConfig, WorkerConfig
 from roll_ds.distributed.batch import Batch
 from roll_ds.distributed.dispatch import Dispatch, register
 from roll_ds.distributed.worker import Worker
+from roll_ds.weight_sync.worker import ReceiverWorkerMixin, SenderWorkerMixin
 from strategies.base import STRATEGIES, StrategyContext
 
 
@@ -94,98 +94,19 @@ class CriticWorker(TrainWorker):
         return Batch({"values": out["values_BT"].float().cpu()})
 
 
-class ActorTrainWorker(TrainWorker):
-    # --- weight sync (sender side; see roll_ds.weight_sync) ---------------------------------
-
-    @register(Dispatch.ALL)
-    def publish_weights(
-        self,
-        transport: str,
-        bucket_bytes: int,
-        *,
-        rollout_dtype: str | None = None,
-        adapter_only: bool = False,
-    ) -> dict[str, Any] | None:
-        """Gather the full weights (``adapter_only``: the LoRA adapter alone) bucket by bucket
-        and send them by ``transport`` from rank 0; under ZeRO-3 the other ranks join every
-        bucket's gather. Rank 0 returns its send stats (``object_store``: with the bucket
-        references), the others None."""
-        from roll_ds.weight_sync.base import cast_buckets
-
-        start = time.perf_counter()
-        if adapter_only:
-            buckets = self.strategy.adapter_buckets_for_sync(bucket_bytes)
-        else:
-            buckets = self.strategy.named_weights_for_sync(bucket_bytes)
-        if self.rank != 0:
-            if getattr(self.strategy, "zero_stage", 3) == 3:
-                for _ in buckets:
-                    pass
-            return None
-        buckets = cast_buckets(buckets, rollout_dtype)
-        if transport == "object_store":
-            from roll_ds.weight_sync.object_store import put_buckets
-
-            stats = put_buckets(buckets)
-        else:
-            from roll_ds.weight_sync.collective import send_stream
-
-            group, plane = self._joined_group(transport)
-            stats = send_stream(group, buckets, plane)
-        stats["seconds"] = time.perf_counter() - start
-        stats["gather_seconds"] = stats["seconds"] - stats["transfer_seconds"]
-        return stats
-
-    @register(Dispatch.RANK0)
-    def adapter_config(self) -> dict[str, Any]:
-        """The policy's LoRA config (``weight_sync.lora_sync: adapter``)."""
-        return self.strategy.adapter_config()
-
-    @register(Dispatch.RANK0)
-    def weight_sync_open(self, timeout_s: float) -> tuple[str, int]:
-        """Host the weight-sync group's store; returns its ``(host, port)``."""
-        from roll_ds.weight_sync.collective import open_store
-
-        self.weight_sync_leave()
-        self._sync_store, host, port = open_store(timeout_s)
-        return host, port
-
-    @register(Dispatch.RANK0)
-    def weight_sync_join(self, plane: str, spec: Any) -> None:
-        """Join the group opened by ``weight_sync_open`` as its rank 0 (the sender)."""
-        from roll_ds.platform import current_platform
-        from roll_ds.weight_sync.collective import TransferGroup, make_plane
-
-        store = getattr(self, "_sync_store", None)
-        if store is None:
-            raise RuntimeError("weight_sync_join before weight_sync_open")
-        device = current_platform().device(self.local_rank)
-        group = TransferGroup(spec, 0, device=device, store=store)
-        self._sync_group = (group, make_plane(plane), plane)
-
-    @register(Dispatch.RANK0)
-    def weight_sync_leave(self) -> None:
-        joined = getattr(self, "_sync_group", None)
-        self._sync_group = self._sync_store = None
-        if joined is not None:
-            joined[1].close()
-            joined[0].close()
-
-    def _joined_group(self, transport: str) -> tuple[Any, Any]:
-        joined = getattr(self, "_sync_group", None)
-        if joined is None:
-            raise RuntimeError(
-                f"weight sync by {transport!r}: this worker has joined no weight-sync group (the "
-                "transport's connect() builds it)"
-            )
-        return joined[0], joined[1]
+class ActorTrainWorker(SenderWorkerMixin, TrainWorker):
+    """A rank of the policy trainer; its weight-sync methods (the sending side) come from
+    ``SenderWorkerMixin``."""
 
     @register(Dispatch.ALL)
     def export_hf(self, path: str) -> dict[str, str]:
         return self.strategy.export_hf(path)
 
 
-class RolloutWorker(StrategyWorker):
+class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
+    """A rank of a rollout role; its weight-sync methods (the receiving side) come from
+    ``ReceiverWorkerMixin``."""
+
     @register(Dispatch.DP)
     def generate(self, batch: Batch, *, seed: int, **sampling: Any) -> Batch:
         """``n`` samples per prompt (``prompt_ids`` column); rows come back grouped by prompt."""
@@ -203,83 +124,6 @@ class RolloutWorker(StrategyWorker):
                 "finish_reason": out["finish_reason"],
             }
         )
-
-    # --- weight sync (receiver side; see roll_ds.weight_sync) -------------------------------
-
-    @property
-    def _is_vllm(self) -> bool:
-        return getattr(self.strategy, "llm", None) is not None
-
-    @register(Dispatch.ALL)
-    def load_weights(self, refs: list[Any]) -> dict[str, Any]:
-        """``object_store``: read the buckets behind ``refs`` into one reload."""
-        from roll_ds.weight_sync.object_store import iter_refs
-
-        start = time.perf_counter()
-        stats = self.strategy.load_weights(iter_refs(refs)) or {}
-        return {**stats, "seconds": time.perf_counter() - start}
-
-    @register(Dispatch.ALL)
-    def enable_adapter_sync(self, config: dict[str, Any]) -> None:
-        """``weight_sync.lora_sync: adapter``: syncs from now on carry the LoRA adapter."""
-        enable = getattr(self.strategy, "enable_adapter_sync", None)
-        if enable is None:
-            raise ValueError(
-                f"weight_sync.lora_sync=adapter: the {type(self.strategy).__name__} rollout "
-                "strategy cannot serve a LoRA adapter; use actor_infer strategy vllm or "
-                "lora_sync=merged"
-            )
-        enable(config)
-
-    @register(Dispatch.ALL)
-    def inference_worker_count(self) -> int:
-        """Receivers this rank brings to a weight-sync group (its vLLM workers)."""
-        if self._is_vllm:
-            return len(self.strategy.llm.collective_rpc("roll_ds_worker_rank"))
-        return 1
-
-    @register(Dispatch.ALL)
-    def weight_sync_join(self, plane: str, spec: Any, offsets: list[int]) -> list[int]:
-        """Join the group: this rank's receivers take ranks from ``offsets[rank]`` on."""
-        offset = offsets[self.rank]
-        if self._is_vllm:
-            args = (plane, spec, offset)
-            return self.strategy.llm.collective_rpc("roll_ds_join_transfer_group", args=args)
-        from roll_ds.platform import current_platform
-        from roll_ds.weight_sync.collective import TransferGroup, make_plane
-
-        self.weight_sync_leave()
-        group = TransferGroup(spec, offset, device=current_platform().device(self.local_rank))
-        self._sync_group = (group, make_plane(plane), plane)
-        return [offset]
-
-    @register(Dispatch.ALL)
-    def receive_weights(self, plane: str) -> dict[str, Any]:
-        """Receive one sync from the group into one reload (per vLLM worker), then drop the
-        prefix cache."""
-        start = time.perf_counter()
-        if self._is_vllm:
-            stats = self.strategy.receive_weights(plane)
-        else:
-            from roll_ds.weight_sync.collective import ReceiveStream, receive_into
-
-            joined = getattr(self, "_sync_group", None)
-            if joined is None or joined[2] != plane:
-                raise RuntimeError(f"receive_weights({plane!r}) before joining such a group")
-            stream = ReceiveStream(joined[0], joined[1])
-            stats = {**(receive_into(self.strategy.load_weights, stream) or {}), **stream.stats()}
-        return {**stats, "seconds": time.perf_counter() - start}
-
-    @register(Dispatch.ALL)
-    def weight_sync_leave(self) -> None:
-        if self._is_vllm:
-            self.strategy.llm.collective_rpc("roll_ds_leave_transfer_group")
-            return
-        joined = getattr(self, "_sync_group", None)
-        self._sync_group = None
-        if joined is not None:
-            joined[1].close()
-            joined[0].close()
 
     @register(Dispatch.ALL)
     def probe_logprobs(self, batch: Batch) -> Any:

@@ -14,6 +14,11 @@ see ``select.py``):
     cuda_ipc      colocated GPU workers: CUDA IPC handles of one reusable buffer, a gloo group
                   for control (GPU only)
 
+Each transport is three classes registered under its name: the driver's ``Transport``
+(``TRANSPORTS``), actor_train rank 0's ``Sender`` (``SENDERS``) and each rollout worker's
+``Receiver`` (``RECEIVERS``); ``base.py`` describes the layout. The group transports move bucket
+buffers by a data plane (``PLANES``: a broadcast, or CUDA IPC).
+
 Under LoRA, ``weight_sync.lora_sync: adapter`` ships the adapter alone instead (``adapter.py``):
 the engine keeps its base weights and serves base + adapter with vLLM's LoRA support.
 
@@ -26,10 +31,23 @@ from __future__ import annotations
 
 from roll_ds.registry import Registry
 
-TRANSPORTS: Registry[type] = Registry("weight_sync.transport")
-TRANSPORTS.register_lazy("object_store", "roll_ds.weight_sync.object_store:ObjectStoreTransport")
-TRANSPORTS.register_lazy("collective", "roll_ds.weight_sync.collective:CollectiveTransport")
-TRANSPORTS.register_lazy("cuda_ipc", "roll_ds.weight_sync.cuda_ipc:CudaIpcTransport")
+TRANSPORTS: Registry[type] = Registry("weight_sync.transport")  # driver side: Transport
+SENDERS: Registry[type] = Registry("weight-sync sender")  # actor_train rank 0: Sender
+RECEIVERS: Registry[type] = Registry("weight-sync receiver")  # rollout workers: Receiver
+PLANES: Registry[type] = Registry("weight-sync data plane")  # how a group moves bucket bytes
+
+_M = "roll_ds.weight_sync"
+TRANSPORTS.register_lazy("object_store", f"{_M}.object_store:ObjectStoreTransport")
+TRANSPORTS.register_lazy("collective", f"{_M}.collective:CollectiveTransport")
+TRANSPORTS.register_lazy("cuda_ipc", f"{_M}.cuda_ipc:CudaIpcTransport")
+SENDERS.register_lazy("object_store", f"{_M}.object_store:ObjectStoreSender")
+SENDERS.register_lazy("collective", f"{_M}.collective:CollectiveSender")
+SENDERS.register_lazy("cuda_ipc", f"{_M}.cuda_ipc:CudaIpcSender")
+RECEIVERS.register_lazy("object_store", f"{_M}.object_store:ObjectStoreReceiver")
+RECEIVERS.register_lazy("collective", f"{_M}.collective:CollectiveReceiver")
+RECEIVERS.register_lazy("cuda_ipc", f"{_M}.cuda_ipc:CudaIpcReceiver")
+PLANES.register_lazy("broadcast", f"{_M}.collective:BroadcastPlane")
+PLANES.register_lazy("cuda_ipc", f"{_M}.cuda_ipc:IpcPlane")
 
 AUTO = "auto"
 

@@ -1,6 +1,30 @@
-"""What every transport shares: the ``Transport`` interface the pipeline drives, the bucket wire
-format (one flat byte buffer per bucket plus a list of ``TensorMeta``), the cast to the rollout
-dtype, and a bounded wait over the calls of both roles that names the worker that failed.
+"""What every transport shares: the driver's ``Transport`` interface, the bucket wire format (one
+flat byte buffer per bucket plus a list of ``TensorMeta``), the cast to the rollout dtype, and a
+bounded wait over the calls of both roles that names the worker that failed.
+
+A sync has three sides, each transport one class per side, registered under its name
+(``roll_ds.weight_sync``: ``TRANSPORTS``, ``SENDERS``, ``RECEIVERS``):
+
+    driver       Transport: orchestrates the calls on both roles (this module's interface)
+    actor_train  Sender: rank 0 sends the buckets its strategy gathers (``endpoint.py``)
+    rollout      Receiver: every rollout worker receives into what its strategy can receive
+                 (``endpoint.py``: ``WeightReceiver``, ``EngineWorkersReceiver``)
+
+The workers hold their end: ``ActorTrainWorker`` / ``RolloutWorker`` inherit the Ray methods
+of ``worker.py`` (``SenderWorkerMixin`` / ``ReceiverWorkerMixin``), which build the named
+transport's ``Sender`` / ``Receiver`` on first use and delegate to it. Package layout:
+
+    __init__.py      the registries (+ ``PLANES``: how a group moves bucket bytes)
+    base.py          Transport, wire format, rollout dtype, bounded wait, errors
+    endpoint.py      Sender / Receiver, and what strategies expose to them
+    worker.py        the workers' weight-sync methods
+    object_store.py  transport: Ray object store
+    collective.py    transport: a broadcast group (``group.py``: the group itself); the stream
+                     and ``GroupMember``, which vLLM's worker extension uses too
+    cuda_ipc.py      transport: the collective's ends with a CUDA IPC data plane
+    adapter.py       adapter-only LoRA sync (what the receivers write)
+    parity.py        the log-prob check after a sync
+    select.py        what ``transport: auto`` means; building the configured transport
 
 A transport is driven from the driver process:
 
@@ -8,9 +32,6 @@ A transport is driven from the driver process:
     transport.connect(actor_train, actor_infer)   # once: build groups (no-op for object_store)
     metrics = transport.sync(actor_train, actor_infer)   # every step: one reload per worker
     transport.close(actor_train, actor_infer)
-
-The worker-side halves live next to each transport and are called from ``ActorTrainWorker`` /
-``RolloutWorker`` (and, for receivers inside vLLM, from ``RollDsWorkerExtension``).
 """
 
 from __future__ import annotations

@@ -1,32 +1,38 @@
 """``collective``: a broadcast group between actor_train rank 0 (group rank 0) and every vLLM
-worker (ranks 1..N), built apart from the training world.
-
-The actors involved already have a default process group each (DeepSpeed's, vLLM's), and such
-processes cannot share ``new_group``; so the group is made from its own ``TCPStore`` (hosted by
-train rank 0 on a free port) + ``PrefixStore`` + a backend object: ``ProcessGroupGloo`` on CPU,
-``ProcessGroupNCCL`` on GPU, each with ``timeout_s`` as its operation timeout.
+worker (ranks 1..N), built apart from the training world (``group.py``: gloo on CPU, NCCL on GPU,
+every operation bounded by ``timeout_s``).
 
 Wire protocol, per bucket: rank 0 broadcasts a header (pickled ``TensorMeta`` list and the
 buffer size: an int64 length, then the bytes), then the bucket's flat byte buffer; a ``None``
 header ends the sync. Receivers turn that into one ``(name, tensor)`` iterator for vLLM's reload,
 so buckets stream: rank 0 holds one packed bucket at a time, and a receiver's reload consumes
-bucket k while rank 0 gathers bucket k+1. How the buffer itself travels is the *data plane*:
-a broadcast here, CUDA IPC in ``cuda_ipc.py`` (same header protocol).
+bucket k while rank 0 gathers bucket k+1. How the buffer itself travels is the *data plane*
+(``PLANES``): a broadcast here, CUDA IPC in ``cuda_ipc.py`` (same header protocol).
+
+``GroupMember`` is one process's seat in the group with its plane: the sender's, a receiver in
+the rollout worker's own process, or one per vLLM worker (``strategies.vllm_worker_ext``).
+``CollectiveSender`` / ``CollectiveReceiver`` are the transport's worker-side ends; the receiver
+lets an engine whose workers receive themselves (``receives_in_engine_workers``) join and
+receive, and otherwise seats one member in its own process that feeds ``load_weights``.
+
+Driven by the driver (``CollectiveTransport``), the workers' calls are::
+
+    connect  train.weight_sync_open -> (host, port); infer.weight_sync_members -> counts;
+             train.weight_sync_join and infer.weight_sync_join together (the rendezvous)
+    sync     train.publish_weights and infer.receive_weights together (the stream)
+    close    train.weight_sync_leave and infer.weight_sync_leave
 """
 
 from __future__ import annotations
 
 import contextlib
-import pickle
-import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from roll_ds.weight_sync import PLANES
 from roll_ds.weight_sync.base import (
     Bucket,
     SendCounter,
@@ -36,23 +42,20 @@ from roll_ds.weight_sync.base import (
     sync_metrics,
     unpack_bucket,
 )
+from roll_ds.weight_sync.endpoint import (
+    GroupMembers,
+    NamedTensors,
+    Receiver,
+    Sender,
+    WeightReceiver,
+    receives_in_engine_workers,
+)
+from roll_ds.weight_sync.group import GroupSpec, TransferGroup, open_store
 
 if TYPE_CHECKING:
     import torch
 
     from roll_ds.distributed.cluster import Cluster
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """Everything a member needs to join (picklable, sent by the driver)."""
-
-    host: str  # train rank 0's address; it hosts the TCPStore
-    port: int
-    world_size: int  # 1 + number of vLLM workers
-    backend: str  # gloo | nccl
-    timeout_s: float
-    prefix: str  # store namespace, new for every connect
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,7 +64,6 @@ class GroupSpec:
 
 class CollectiveTransport(Transport):
     name = "collective"
-    plane = "broadcast"
 
     def __init__(self, *, backend: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -73,12 +75,12 @@ class CollectiveTransport(Transport):
         self.spec: GroupSpec | None = None
 
     def connect(self, train: Cluster, infer: Cluster) -> None:
-        """Train rank 0 opens a store; every rollout worker reports its vLLM worker count; then
-        all join at once (the group's rendezvous needs every member)."""
+        """Train rank 0 opens a store; every rollout worker reports how many members it brings
+        (its vLLM workers); then all join at once (the group's rendezvous needs every member)."""
         deadline = time.monotonic() + self.timeout_s
-        opened = train.submit("weight_sync_open", self.timeout_s)
+        opened = train.submit("weight_sync_open", self.name, self.timeout_s)
         host, port = self._wait({train.name: opened}, deadline)[train.name]
-        counts = self._wait({infer.name: infer.submit("inference_worker_count")}, deadline)
+        counts = self._wait({infer.name: infer.submit("weight_sync_members", self.name)}, deadline)
         counts = counts[infer.name]
         offsets = [1 + sum(counts[:r]) for r in range(len(counts))]
         spec = GroupSpec(
@@ -91,8 +93,8 @@ class CollectiveTransport(Transport):
         )
         self._wait(
             {
-                train.name: train.submit("weight_sync_join", self.plane, spec),
-                infer.name: infer.submit("weight_sync_join", self.plane, spec, offsets),
+                train.name: train.submit("weight_sync_join", self.name, spec),
+                infer.name: infer.submit("weight_sync_join", self.name, spec, offsets),
             },
             deadline,
         )
@@ -105,7 +107,7 @@ class CollectiveTransport(Transport):
         deadline = time.monotonic() + self.timeout_s
         calls = {
             train.name: self._publish(train),
-            infer.name: infer.submit("receive_weights", self.plane),
+            infer.name: infer.submit("receive_weights", self.name),
         }
         out = self._wait(calls, deadline)
         return sync_metrics(time.perf_counter() - start, out[train.name][0], out[infer.name])
@@ -125,140 +127,23 @@ class CollectiveTransport(Transport):
 
 
 # ---------------------------------------------------------------------------------------------
-# the group (worker side)
+# data planes and the stream
 
 
-def open_store(timeout_s: float) -> tuple[Any, str, int]:
-    """Train rank 0: a TCPStore server on a free port; ``(store, host, port)``."""
-    from torch.distributed import TCPStore
+class DataPlane(Protocol):
+    """How a bucket's buffer travels once its header went through the group."""
 
-    host = node_ip()
-    store = TCPStore(host, 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
-    return store, host, store.port
+    def pack(self, bucket: Bucket, group: TransferGroup) -> tuple[Any, list, dict]:
+        """Rank 0: ``(buffer, metas, extra header fields)`` of ``bucket``."""
 
+    def push(self, buffer: torch.Tensor, group: TransferGroup, index: int) -> None:
+        """Rank 0: deliver the packed buffer (or wait until the receivers copied it)."""
 
-def node_ip() -> str:
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:  # pragma: no cover - ray is a dependency
-        pass
-    return socket.gethostbyname(socket.gethostname())
-
-
-def local_address_towards(host: str) -> str:
-    """This machine's address on the route to ``host`` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect((host, 9))
-            return sock.getsockname()[0]
-        except OSError:
-            return host
-
-
-class TransferGroup:
-    """One member of the weight-sync group; every operation raises ``TransferError`` (naming this
-    rank) on failure or after ``spec.timeout_s``."""
-
-    def __init__(self, spec: GroupSpec, rank: int, *, device: Any, store: Any = None) -> None:
-        import torch
-        from torch.distributed import PrefixStore, TCPStore
-
-        if not 0 <= rank < spec.world_size:
-            raise ValueError(f"rank {rank} outside the weight-sync group of {spec.world_size}")
-        self.spec, self.rank = spec, rank
-        # gloo moves host memory (headers, CPU buckets); NCCL the member's GPU's.
-        self.device = torch.device("cpu" if spec.backend == "gloo" else device)
-        timeout = timedelta(seconds=spec.timeout_s)
-        try:
-            if store is None:
-                store = TCPStore(spec.host, spec.port, None, False, timeout)
-            prefixed = PrefixStore(spec.prefix, store)
-            self.pg = _backend(spec, prefixed, rank, self.device)
-        except RuntimeError as exc:
-            raise TransferError(
-                f"could not join the weight-sync group at {spec.host}:{spec.port} as rank {rank} "
-                f"of {spec.world_size} within {spec.timeout_s:g} s: {exc}"
-            ) from exc
-        self._store = store  # keep the server (rank 0) / client alive with the group
-
-    def broadcast(self, tensor: torch.Tensor, what: str) -> None:
-        """Broadcast ``tensor`` from rank 0 in place."""
-        import torch.distributed as dist
-
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
-        try:
-            self.pg.broadcast([tensor], opts).wait()
-        except RuntimeError as exc:
-            raise self._error(what, exc) from exc
-
-    def broadcast_object(self, obj: Any, what: str) -> Any:
-        """Rank 0's ``obj`` on every rank (pickled; ``obj`` is ignored on other ranks)."""
-        import torch
-
-        payload = pickle.dumps(obj) if self.rank == 0 else b""
-        length = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
-        self.broadcast(length, what)
-        n = int(length.item())
-        if self.rank == 0:
-            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
-        else:
-            data = torch.empty(n, dtype=torch.uint8, device=self.device)
-        self.broadcast(data, what)
-        return obj if self.rank == 0 else pickle.loads(data.cpu().numpy().tobytes())
-
-    def barrier(self, what: str) -> None:
-        """Every member reached this point (an all-reduce of one element)."""
-        import torch
-
-        flag = torch.ones(1, device=self.device)
-        try:
-            self.pg.allreduce([flag]).wait()
-        except RuntimeError as exc:
-            raise self._error(what, exc) from exc
-
-    def _error(self, what: str, exc: BaseException) -> TransferError:
-        peer = "a receiving vLLM worker" if self.rank == 0 else "train rank 0 (the sender)"
-        return TransferError(
-            f"weight-sync group rank {self.rank}/{self.spec.world_size}: {what} failed or timed "
-            f"out (timeout {self.spec.timeout_s:g} s; did {peer} die or stop?): "
-            f"{str(exc).strip()[:400]}"
-        )
+    def pull(self, header: dict, group: TransferGroup, index: int) -> torch.Tensor:
+        """A receiver: this process's copy of the buffer the header announced."""
 
     def close(self) -> None:
-        shutdown = getattr(self.pg, "shutdown", None)
-        if callable(shutdown):
-            with contextlib.suppress(RuntimeError):
-                shutdown()
-        self.pg = None
-        self._store = None
-
-
-def _backend(spec: GroupSpec, store: Any, rank: int, device: Any) -> Any:
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=spec.timeout_s)
-    if spec.backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        host = local_address_towards(spec.host)
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-        return dist.ProcessGroupGloo(store, rank, spec.world_size, opts)
-    if spec.backend == "nccl":
-        import torch
-
-        torch.cuda.set_device(device)
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, spec.world_size, opts)
-    raise ValueError(f"unknown weight-sync backend {spec.backend!r}; valid: gloo, nccl")
-
-
-# ---------------------------------------------------------------------------------------------
-# data planes and the stream
+        """Drop buffers and mappings."""
 
 
 class BroadcastPlane:
@@ -282,17 +167,9 @@ class BroadcastPlane:
         pass
 
 
-def make_plane(name: str) -> Any:
-    if name == "broadcast":
-        return BroadcastPlane()
-    if name == "cuda_ipc":
-        from roll_ds.weight_sync.cuda_ipc import IpcPlane
-
-        return IpcPlane()
-    raise ValueError(f"unknown weight-sync data plane {name!r}; valid: broadcast, cuda_ipc")
-
-
-def send_stream(group: TransferGroup, buckets: Iterable[Bucket], plane: Any) -> dict[str, Any]:
+def send_stream(
+    group: TransferGroup, buckets: Iterable[Bucket], plane: DataPlane
+) -> dict[str, Any]:
     """Rank 0: every bucket, then the end marker. Returns send stats."""
     counter = SendCounter()
     for index, bucket in enumerate(buckets):
@@ -316,7 +193,7 @@ class ReceiveStream:
     left unread, so a loader that failed half-way still leaves the group in step with the
     sender; after a transport failure there is nothing to drain (the group is broken)."""
 
-    def __init__(self, group: TransferGroup, plane: Any) -> None:
+    def __init__(self, group: TransferGroup, plane: DataPlane) -> None:
         self.group, self.plane = group, plane
         self.buckets = self.bytes = 0
         self.finished = self.failed = False
@@ -356,7 +233,7 @@ class ReceiveStream:
         return {"received_buckets": self.buckets, "received_bytes": self.bytes}
 
 
-def receive_into(load: Any, stream: ReceiveStream) -> Any:
+def receive_into(load: Callable[[ReceiveStream], Any], stream: ReceiveStream) -> Any:
     """``load(stream)``; whatever the loader leaves unread (it raised half-way) is drained, so
     the sender finishes and the loader's own error is what surfaces."""
     try:
@@ -370,3 +247,143 @@ def receive_into(load: Any, stream: ReceiveStream) -> Any:
     if not stream.finished:
         raise TransferError("the weight stream ended without its end-of-sync marker")
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# a process's seat in the group
+
+
+class GroupMember:
+    """This process's seat in (at most) one weight-sync group, with the data plane its bucket
+    buffers travel by. Joining leaves the previous group first; every operation checks that
+    the seat was joined by the plane asked for."""
+
+    def __init__(self) -> None:
+        self.group: TransferGroup | None = None
+        self.plane: DataPlane | None = None
+        self.plane_name: str | None = None
+
+    def join(
+        self, spec: GroupSpec, rank: int, plane: str, *, device: Any, store: Any = None
+    ) -> None:
+        """Join as ``rank`` (blocks until every member joins, bounded by ``spec.timeout_s``)."""
+        self.leave()
+        data_plane = PLANES.get(plane)()
+        self.group = TransferGroup(spec, rank, device=device, store=store)
+        self.plane, self.plane_name = data_plane, plane
+
+    def send(self, buckets: Iterable[Bucket], plane: str) -> dict[str, Any]:
+        """Rank 0: stream one sync; returns send stats."""
+        return send_stream(self._joined("send", plane), buckets, self.plane)
+
+    def receive(self, load: Callable[[NamedTensors], Any], plane: str) -> dict[str, Any]:
+        """``load`` one sync from the stream; its stats plus the stream's."""
+        stream = ReceiveStream(self._joined("receive", plane), self.plane)
+        return {**(receive_into(load, stream) or {}), **stream.stats()}
+
+    def leave(self) -> None:
+        group, plane = self.group, self.plane
+        self.group = self.plane = self.plane_name = None
+        if plane is not None:
+            plane.close()
+        if group is not None:
+            group.close()
+
+    def _joined(self, what: str, plane: str) -> TransferGroup:
+        if self.group is None:
+            raise RuntimeError(
+                f"weight sync: asked to {what} by {plane!r}, but this worker has joined no "
+                "weight-sync group (the transport's connect() builds it)"
+            )
+        if plane != self.plane_name:
+            raise RuntimeError(
+                f"weight sync: asked to {what} by {plane!r}; the group was joined by "
+                f"{self.plane_name!r}"
+            )
+        return self.group
+
+
+# ---------------------------------------------------------------------------------------------
+# worker side
+
+
+class CollectiveSender(Sender):
+    """actor_train rank 0: hosts the group's store, joins as rank 0, streams every sync."""
+
+    name = "collective"
+    plane: ClassVar[str] = "broadcast"
+
+    def __init__(self, *, device: Any) -> None:
+        super().__init__(device=device)
+        self.member = GroupMember()
+        self._store: Any = None
+
+    def open(self, timeout_s: float) -> tuple[str, int]:
+        """Host the group's store (leaving a previous group); returns its ``(host, port)``."""
+        self.close()
+        self._store, host, port = open_store(timeout_s)
+        return host, port
+
+    def join(self, spec: GroupSpec) -> None:
+        """Join the group ``open`` hosts as its rank 0."""
+        if self._store is None:
+            raise RuntimeError("weight_sync_join before weight_sync_open")
+        self.member.join(spec, 0, self.plane, device=self.device, store=self._store)
+
+    def send(self, buckets: Iterable[Bucket]) -> dict[str, Any]:
+        return self.member.send(buckets, self.plane)
+
+    def close(self) -> None:
+        self.member.leave()
+        self._store = None
+
+
+class CollectiveReceiver(Receiver):
+    """A rollout worker's end: its strategy's engine workers join and receive themselves when
+    it declares ``receives_in_engine_workers``; otherwise one member in this process streams
+    each sync into ``load_weights``."""
+
+    name = "collective"
+    plane: ClassVar[str] = "broadcast"
+
+    def __init__(self, strategy: WeightReceiver, *, device: Any) -> None:
+        super().__init__(strategy, device=device)
+        in_engine = receives_in_engine_workers(strategy)  # then an EngineWorkersReceiver
+        self.members: GroupMembers = strategy if in_engine else InProcessMember(strategy, device)
+
+    def member_count(self) -> int:
+        """Members this worker brings to the group."""
+        return self.members.transfer_group_members()
+
+    def join(self, spec: GroupSpec, rank_offset: int) -> list[int]:
+        """Join with ranks from ``rank_offset`` on; returns the ranks taken."""
+        return self.members.join_transfer_group(self.plane, spec, rank_offset)
+
+    def receive(self) -> dict[str, Any]:
+        return self.members.receive_from_group(self.plane)
+
+    def close(self) -> None:
+        self.members.leave_transfer_group()
+
+
+class InProcessMember:
+    """The group side of a strategy that receives in the rollout worker's own process (any
+    ``WeightReceiver``): one member feeding ``load_weights``. It is ``GroupMembers`` like an
+    ``EngineWorkersReceiver``, so ``CollectiveReceiver`` drives both alike."""
+
+    def __init__(self, strategy: WeightReceiver, device: Any) -> None:
+        self.strategy, self.device = strategy, device
+        self.member = GroupMember()
+
+    def transfer_group_members(self) -> int:
+        return 1
+
+    def join_transfer_group(self, plane: str, spec: GroupSpec, rank_offset: int) -> list[int]:
+        self.member.join(spec, rank_offset, plane, device=self.device)
+        return [rank_offset]
+
+    def receive_from_group(self, plane: str) -> dict[str, Any]:
+        return self.member.receive(self.strategy.load_weights, plane)
+
+    def leave_transfer_group(self) -> None:
+        self.member.leave()

@@ -7,6 +7,8 @@ the buffer's GPU UUID; each receiver maps the buffer (once per export), copies t
 into its own memory and joins a barrier, after which rank 0 reuses the buffer for the next
 bucket. Receivers must see rank 0's GPU (colocated on the same device); otherwise the receive
 fails naming the missing GPU. GPU only.
+
+The worker-side ends are ``collective``'s with this module's data plane (``IpcPlane``).
 """
 
 from __future__ import annotations
@@ -14,15 +16,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from roll_ds.weight_sync.base import Bucket, layout, pack_bucket
-from roll_ds.weight_sync.collective import CollectiveTransport, TransferGroup
+from roll_ds.weight_sync.collective import (
+    CollectiveReceiver,
+    CollectiveSender,
+    CollectiveTransport,
+)
 
 if TYPE_CHECKING:
     import torch
 
+    from roll_ds.weight_sync.group import TransferGroup
+
 
 class CudaIpcTransport(CollectiveTransport):
     name = "cuda_ipc"
-    plane = "cuda_ipc"
 
     def __init__(self, **kwargs: Any) -> None:
         from roll_ds.platform import current_platform
@@ -33,6 +40,16 @@ class CudaIpcTransport(CollectiveTransport):
             )
         kwargs["backend"] = "gloo"  # control messages only; the data is shared GPU memory
         super().__init__(**kwargs)
+
+
+class CudaIpcSender(CollectiveSender):
+    name = "cuda_ipc"
+    plane = "cuda_ipc"
+
+
+class CudaIpcReceiver(CollectiveReceiver):
+    name = "cuda_ipc"
+    plane = "cuda_ipc"
 
 
 def gpu_uuid(device_index: int) -> str:
@@ -55,6 +72,8 @@ def device_index_of(uuid: str) -> int:
 
 
 class IpcPlane:
+    """The ``cuda_ipc`` data plane (``collective.DataPlane``): one exported GPU buffer."""
+
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None  # sender: the exported buffer
         self.handle: tuple | None = None

@@ -6,13 +6,16 @@ reads them bucket by bucket into one reload. Rank 0's own memory holds one bucke
 object store holds the whole model until the receivers are done (the driver then drops the
 references). Works across nodes (Ray moves the objects) and with any rollout strategy that has
 ``load_weights``.
+
+The workers' calls: ``train.publish_weights`` (``ObjectStoreSender`` returns the references),
+then ``infer.receive_weights("object_store", refs)`` (``ObjectStoreReceiver`` reads them).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from roll_ds.weight_sync.base import (
@@ -25,6 +28,7 @@ from roll_ds.weight_sync.base import (
     layout,
     sync_metrics,
 )
+from roll_ds.weight_sync.endpoint import NamedTensors, Receiver, Sender
 
 if TYPE_CHECKING:
     import torch
@@ -39,13 +43,31 @@ class ObjectStoreTransport(Transport):
         start = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         sent = self._wait({train.name: self._publish(train)}, deadline)[train.name][0]
-        load = infer.submit("load_weights", sent["refs"])
+        load = infer.submit("receive_weights", self.name, sent["refs"])
         received = self._wait({infer.name: load}, deadline)[infer.name]
         return sync_metrics(time.perf_counter() - start, sent, received)
 
 
 # ---------------------------------------------------------------------------------------------
 # worker side
+
+
+class ObjectStoreSender(Sender):
+    """actor_train rank 0: puts every bucket; the stats carry their ``refs``."""
+
+    name = "object_store"
+
+    def send(self, buckets: Iterable[Bucket]) -> dict[str, Any]:
+        return put_buckets(buckets)
+
+
+class ObjectStoreReceiver(Receiver):
+    """A rollout worker: reads the buckets behind ``refs`` into one ``load_weights``."""
+
+    name = "object_store"
+
+    def receive(self, refs: list[Any]) -> dict[str, Any]:
+        return self.strategy.load_weights(iter_refs(refs)) or {}
 
 
 def put_buckets(buckets: Iterable[Bucket]) -> dict[str, Any]:
@@ -80,7 +102,7 @@ def decode_bucket(metas: list[TensorMeta], arrays: list[Any]) -> Bucket:
     return out
 
 
-def iter_refs(refs: list[Any]) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_refs(refs: list[Any]) -> NamedTensors:
     """The named tensors of every bucket, each bucket fetched when the loader reaches it."""
     import ray
 

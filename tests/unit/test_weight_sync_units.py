@@ -26,13 +26,11 @@ from roll_ds.weight_sync.base import (  # noqa: E402
 )
 from roll_ds.weight_sync.collective import (  # noqa: E402
     BroadcastPlane,
-    GroupSpec,
     ReceiveStream,
-    TransferGroup,
-    open_store,
     receive_into,
     send_stream,
 )
+from roll_ds.weight_sync.group import GroupSpec, TransferGroup, open_store  # noqa: E402
 from roll_ds.weight_sync.object_store import decode_bucket  # noqa: E402
 from roll_ds.weight_sync.parity import (  # noqa: E402
     WeightSyncParityError,
