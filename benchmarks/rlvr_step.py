@@ -7,7 +7,8 @@
 
 For each model the pipeline (Ray, DeepSpeed ZeRO-3 LoRA trainer ranks, vLLM, reward actors) is
 started once, a warm-up step is dropped, and the median of the remaining steps is reported for
-every phase (sync, rollout, logprobs, advantage, train) with generated tokens/s. The ~20M model
+every phase (sync, rollout, logprobs, advantage, train) with generated tokens per second of
+the whole step (end to end). The ~20M model
 is a randomly initialised Qwen2 built locally with the embedded tokenizer (quality is irrelevant
 to timing); its responses run to the full response length.
 """
@@ -22,7 +23,9 @@ from pathlib import Path
 
 MODELS = ("embedded", "qwen2-20m")  # accepted by --models, see model_overrides
 
-# "rollout" is generation plus reward scoring, also reported apart.
+# "rollout" is generation plus reward scoring, also reported apart. Under async_generation
+# "rollout_generate" is only the part of generation the step waited for, "rollout_wait" the
+# wait for the next batch after training and "sync_after" the sync at the end of the step.
 PHASES = (
     "sync",
     "rollout",
@@ -31,6 +34,8 @@ PHASES = (
     "logprobs",
     "advantage",
     "train",
+    "rollout_wait",
+    "sync_after",
     "step",
 )
 
@@ -115,7 +120,7 @@ def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
         "steps_timed": len(timed),
         "samples_per_step": samples,
         "response_length": cfg.response_length,
-        "median_s": {p: statistics.median(r[f"time/{p}"] for r in timed) for p in PHASES},
+        "median_s": {p: statistics.median(r.get(f"time/{p}", 0.0) for r in timed) for p in PHASES},
         "generated_tokens_per_step": statistics.median(
             r["rollout/response_length"]
             * cfg.rollout_batch_size

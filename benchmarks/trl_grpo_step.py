@@ -28,7 +28,7 @@ methods: ``rollout_generate`` is ``_generate`` (tokenize, ``model.generate``, de
 ``rollout_reward`` is ``_calculate_rewards``, ``logprobs`` is the old-log-prob forward,
 ``advantage`` is the rest of ``_generate_and_score_completions`` (padding, advantages, TRL's
 metrics) and ``train`` is everything else in the two optimizer steps. ``generated_tokens_per_s``
-is generated tokens over ``rollout`` (generate + reward) time, as in rlvr_step.py.
+is generated tokens over the whole step's time (end to end), as in rlvr_step.py.
 
 What cannot match (also listed under ``differences`` in the JSON):
 
@@ -192,6 +192,8 @@ def phase_row(step_s: float, batch: Mapping[str, float]) -> dict[str, float]:
         "logprobs": batch["logprobs"],
         "advantage": batch["prepare"] - rollout - batch["logprobs"],
         "train": step_s - batch["prepare"],
+        "rollout_wait": 0.0,  # one process, nothing overlaps
+        "sync_after": 0.0,
         "step": step_s,
     }
 
@@ -375,7 +377,7 @@ def bench(name: str, steps: int, work: Path, threads: int) -> dict:
         "median_s": median_s,
         "generated_tokens_per_step": statistics.median(b["tokens"] for b in batches[timed]),
         "generated_tokens_per_s": statistics.median(
-            b["tokens"] / (b["generate"] + b["reward"]) for b in batches[timed]
+            b["tokens"] / r["step"] for b, r in zip(batches[timed], rows[timed], strict=True)
         ),
         "per_step": rows,
         "trl_optimizer_step_s": timer.seconds,

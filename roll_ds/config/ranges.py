@@ -32,6 +32,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")  # = roll_ds.algorithms.kl.KL_ESTIMATORS
 RATIO_LEVELS = ("token", "sequence")  # = roll_ds.algorithms.policy_loss.RATIO_LEVELS
 LR_SCHEDULES = ("constant", "linear", "cosine")  # = strategies._common.SCHEDULES
 TEMPLATES = ("raw", "chat")  # roll_ds.pipeline.rollout.encode_prompt
+OLD_LOGPROBS = ("recompute", "rollout", "auto")  # roll_ds.pipeline.rlvr
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,11 @@ ALGORITHM: dict[str, Rule] = {
     "tis_cap": Range(low=0, low_open=True, null="no TIS correction"),
     "overlong_buffer_len": Range(low=0, note="0: no overlong penalty"),
     "overlong_penalty_factor": Range(low=0),
+    "old_logprobs": OneOf(OLD_LOGPROBS),
+}
+
+ASYNC_GENERATION: dict[str, Rule] = {
+    "max_staleness": Range(low=0, note="0: the synchronous loop"),
 }
 
 TRAINING_ARGS: dict[str, Rule] = {
@@ -163,7 +169,10 @@ DATA_ARGS: dict[str, Rule] = {
     "max_samples": Range(low=1, null="every row"),
 }
 
-WORKER: dict[str, Rule] = {"infer_batch_size": AT_LEAST_1}
+WORKER: dict[str, Rule] = {
+    "infer_batch_size": AT_LEAST_1,
+    "num_threads": Range(low=1, null="roll_ds/threads.py decides"),
+}
 REWARD: dict[str, Rule] = {"timeout_s": POSITIVE}
 
 WEIGHT_SYNC: dict[str, Rule] = {

@@ -103,6 +103,9 @@ class WorkerConfig:
     generating_args: GeneratingArgs = field(default_factory=GeneratingArgs)
     data_args: DataArgs = field(default_factory=DataArgs)
     infer_batch_size: int = 8
+    # CPU threads each actor computes with; null: decided by roll_ds/threads.py (on CPU machines
+    # from what runs at once, on GPUs the CPUs the actor reserved).
+    num_threads: int | None = None
     # Extra environment variables for every actor of the role.
     system_envs: dict[str, str] = field(default_factory=dict)
 
@@ -151,14 +154,31 @@ class AlgorithmConfig:
     # Rollout filtering and corrections.
     dynamic_sampling: bool = False
     max_resample_rounds: int = 3  # dynamic_sampling only
+    # Where PPO's old log-probs come from: recompute (a trainer forward over the batch every
+    # step) | rollout (the rollout engine's sampled-token log-probs) | auto (rollout for an
+    # on-policy batch when trainer and engine are fp32 and the last parity probe agreed within
+    # 1e-4, where the two are the same numbers; recompute otherwise).
+    old_logprobs: str = "recompute"
     # Drop truncated responses (finish reason "length") from the loss only; rewards, advantages
     # and the critic still see them.
     mask_truncated: bool = False
+    # Truncated importance sampling, min(pi_old / pi_rollout, tis_cap) per token; null: none in
+    # the synchronous loop, 2.0 under async_generation (its off-policy correction).
     tis_cap: float | None = None
     # DAPO soft overlong punishment: a response within the last overlong_buffer_len tokens of
     # response_length loses up to overlong_penalty_factor of its score, linearly. 0: off.
     overlong_buffer_len: int = 0
     overlong_penalty_factor: float = 1.0
+
+
+@dataclass
+class AsyncGenerationConfig:
+    """Asynchronous rollouts: the rollout engines generate the batches of the next
+    ``max_staleness`` steps while the trainer trains the current one, with the weights they had
+    when each batch was submitted (so a batch is at most that many policy versions old)."""
+
+    # 0: the synchronous loop (sync -> generate -> train, each waiting for the last).
+    max_staleness: int = 0
 
 
 @dataclass
@@ -228,6 +248,7 @@ class RLVRConfig:
     response_length: int = 64
 
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    async_generation: AsyncGenerationConfig = field(default_factory=AsyncGenerationConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     ray: RayConfig = field(default_factory=RayConfig)

@@ -198,6 +198,7 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += _check_pipeline(cfg, placements)
     problems += _check_lengths(cfg, check_files=check_files)
     problems += _check_algorithm(cfg)
+    problems += _check_async(cfg)
     if check_files:
         problems += _check_paths(cfg)
     if problems:
@@ -214,6 +215,7 @@ def _check_fields(cfg: RLVRConfig) -> list[str]:
     sections = [
         ("", cfg, ranges.PIPELINE),
         ("algorithm", cfg.algorithm, ranges.ALGORITHM),
+        ("async_generation", cfg.async_generation, ranges.ASYNC_GENERATION),
         ("weight_sync", cfg.weight_sync, ranges.WEIGHT_SYNC),
         ("ray", cfg.ray, ranges.RAY),
         ("tracking", cfg.tracking, ranges.TRACKING),
@@ -601,6 +603,20 @@ def _check_algorithm(cfg: RLVRConfig) -> list[str]:
             "examples/qwen_rlvr/rlvr_ppo_gae_zero3.yaml)"
         ]
     return []
+
+
+def _check_async(cfg: RLVRConfig) -> list[str]:
+    """``async_generation``: what the asynchronous loop does not do (yet)."""
+    if cfg.async_generation.max_staleness < 1:
+        return []
+    problems = []
+    if cfg.algorithm.dynamic_sampling:
+        problems.append(
+            "async_generation.max_staleness: algorithm.dynamic_sampling resamples within a step, "
+            "which the asynchronous loop does not do; set async_generation.max_staleness=0 or "
+            "algorithm.dynamic_sampling=false"
+        )
+    return problems
 
 
 def _check_paths(cfg: RLVRConfig) -> list[str]:

@@ -103,6 +103,10 @@ class PolicyLoss:
             is_weights_BT=weights_BT,
         )
         out = {f"actor/{k}": float(v) for k, v in metrics.items()}
+        if weights_BT is not None:  # how much TIS reweights the rollout (1: on-policy)
+            out["actor/tis_weight_mean"] = float(
+                (weights_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1)
+            )
         out["actor/pg_loss"] = float(loss.detach()) * scale
         if self.kl_coef > 0:
             kl = kl_loss(

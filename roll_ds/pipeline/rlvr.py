@@ -37,7 +37,9 @@ from roll_ds.pipeline.advantage import batch_advantages
 from roll_ds.pipeline.losses import PolicyLoss, ValueLoss
 from roll_ds.pipeline.passes import merge_pass_metrics, pass_orders, schedule_steps
 from roll_ds.pipeline.rollout import domain_metrics, domain_routes, encode_prompt, group_has_signal
+from roll_ds.pipeline.rollout_queue import InFlight, RolloutQueue
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
+from roll_ds.threads import role_threads
 from roll_ds.tracking import (
     ROLLOUTS_FILE,
     Tracker,
@@ -80,6 +82,13 @@ class RLVRPipeline:
         ADVANTAGE_ESTIMATORS.check(algo.adv_estimator)
         KL_ESTIMATORS.check(algo.kl_estimator)
         AGG_MODES.check(algo.loss_agg_mode)
+        self.queue = (
+            RolloutQueue(cfg.async_generation.max_staleness)
+            if cfg.async_generation.max_staleness
+            else None
+        )
+        if self.queue is not None and algo.tis_cap is None:  # async: correct for stale rollouts
+            algo = replace(algo, tis_cap=ASYNC_TIS_CAP)
         self.loss_fn = PolicyLoss.from_config(algo, cfg.response_length)
         self.use_critic = needs_critic(algo.adv_estimator)
         if self.use_critic and cfg.critic is None:
@@ -116,6 +125,8 @@ class RLVRPipeline:
         self.policy_version = 0
         self.rollout_version: int | None = None
         self._unreported_sync: dict[str, float] = {}
+        self.last_parity: float | None = None  # max |delta| of the latest parity probe
+        self._row_index = {id(row): i for i, row in enumerate(self.train_rows)}
 
     @staticmethod
     def _load_rows(data_args: Any) -> list[dict]:
@@ -183,6 +194,8 @@ class RLVRPipeline:
             stop_token_ids=(eos,) if eos is not None else (),
             logprob_temperature=rollout_temperature(cfg),
         )
+        threads = role_threads(cfg, on_cuda=self.resources.plan.device_resource == "GPU")
+        logger.info("threads per actor: %s", threads)
         roles = {"actor_train": ActorTrainWorker, "actor_infer": RolloutWorker}
         if cfg.reference is not None:
             roles["reference"] = StrategyWorker
@@ -196,7 +209,12 @@ class RLVRPipeline:
             if name == "actor_infer" and cfg.weight_sync.lora_sync == "adapter":
                 role_ctx = replace(ctx, adapter_sync_rank=cfg.actor_train.model_args.lora_rank)
             self.clusters[name] = Cluster(
-                name, cls, self.resources, init_args=(role_cfg, role_ctx), env=role_cfg.system_envs
+                name,
+                cls,
+                self.resources,
+                init_args=(role_cfg, role_ctx),
+                env=role_cfg.system_envs,
+                num_threads=threads.get(name),
             )
         for name, reward_cfg in cfg.rewards.items():
             self.clusters[f"rewards.{name}"] = Cluster(
@@ -205,6 +223,7 @@ class RLVRPipeline:
                 self.resources,
                 init_args=(reward_cfg,),
                 env=reward_cfg.system_envs,
+                num_threads=threads.get(f"rewards.{name}"),
             )
         pending = [self.clusters[n].submit("initialize") for n in roles]
         for call in pending:
@@ -287,39 +306,104 @@ class RLVRPipeline:
         return rows
 
     def train_one_step(self, step: int) -> dict[str, float]:
+        """One step: weights -> rollout -> reward -> logprob -> advantage -> train. Under
+        ``async_generation`` the rollout is the batch generated ahead (``rollout_queue``) while
+        the next ones generate beside the training, and the new weights reach the engines at
+        the end of the step, between generation batches."""
         timings: dict[str, float] = {}
         with timed(timings, "sync"):
             sync_metrics = self.sync_weights()
         sync_metrics = {**self._unreported_sync, **sync_metrics}
         self._unreported_sync = {}
         with timed(timings, "rollout"):
-            batch, rollout_stats = self.rollout_and_score(step)
-        inputs = batch.select("input_ids", "attention_mask", meta=False)
+            batch, rollout_stats = self._rollout(step)
         with timed(timings, "logprobs"):
-            values = self.critic.submit("compute_values", inputs) if self.use_critic else None
-            old = self.actor_train.compute_logprobs(inputs, key="old_logprobs")
-            batch.tensors.update(old.tensors)
-            if self.cfg.algorithm.kl_coef > 0:
-                batch.tensors.update(self.reference_logprobs(inputs).tensors)
-            if values is not None:
-                batch.tensors.update(values.get().tensors)
+            staleness = rollout_stats["rollout/staleness"]
+            rollout_stats.update(self._logprobs(batch, staleness=staleness))
         with timed(timings, "advantage"):
             metrics = self.compute_advantages(batch)
         with timed(timings, "train"):
             metrics.update(self.train(batch, step))
         self.policy_version = step + 1
+        if self.queue is not None:
+            with timed(timings, "rollout_wait"):  # the trainer waits for the next batch
+                self.queue.wait_next()
+            with timed(timings, "sync_after"):
+                self._unreported_sync = self.sync_weights()
         metrics.update(rollout_stats)
         metrics.update(sync_metrics)
         metrics.update(timings)
         metrics["time/step"] = sum(timings.values())
-        generated = float(batch["response_mask"].sum())
-        metrics["throughput/generated_tokens_per_s"] = generated / max(
-            timings["time/rollout"], 1e-9
-        )
+        # End to end: per second of the whole step (generation may overlap training).
+        step_s = max(metrics["time/step"], 1e-9)
+        metrics["throughput/generated_tokens_per_s"] = float(batch["response_mask"].sum()) / step_s
+        metrics["throughput/samples_per_s"] = len(batch) / step_s
         every = self.cfg.tracking.dump_rollouts_every
         if every and step % every == 0:
             self._dump_rollouts(step + 1, batch)
         return metrics
+
+    def _rollout(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """This step's scored batch: generated now, or (async) taken from the queue after
+        submitting the batches ``max_staleness`` steps ahead. Adds ``rollout/staleness``."""
+        if self.queue is None:
+            batch, stats = self.rollout_and_score(step)
+            stats["rollout/staleness"] = 0.0
+            return batch, stats
+        self.queue.fill(step, self._submit_step)
+        started = time.perf_counter()
+        item = self.queue.take(step)
+        waited = time.perf_counter() - started
+        prompts = [self.train_rows[i] for i in item.rows]
+        batch, stats = self.rollout_and_score(step, first=self._samples(prompts, item.output))
+        stats["time/rollout_generate"] = waited  # the part of generation the step waited for
+        stats["rollout/staleness"] = float(step - item.version)
+        return batch, stats
+
+    def _submit_step(self, step: int) -> InFlight:
+        """Draw step ``step``'s prompts and start generating them with the engines' weights."""
+        prompts = self.sampler.next_batch(self.cfg.rollout_batch_size)
+        seed = _step_seed(self.cfg.seed, step, 0)
+        assert self.rollout_version is not None, "the engines must be synced before generating"
+        return InFlight(
+            step=step,
+            version=self.rollout_version,
+            rows=[self._row_index[id(p)] for p in prompts],
+            seed=seed,
+            call=self._submit_generation(prompts, seed),
+        )
+
+    def _logprobs(self, batch: Batch, *, staleness: float) -> dict[str, float]:
+        """Fill ``old_logprobs`` (recomputed, or the rollout's: ``algorithm.old_logprobs``),
+        ``ref_logprobs`` (kl_coef > 0) and the critic's ``values``."""
+        inputs = batch.select("input_ids", "attention_mask", meta=False)
+        values = self.critic.submit("compute_values", inputs) if self.use_critic else None
+        reuse = self._reuse_rollout_logprobs(staleness)
+        if reuse:
+            batch.tensors["old_logprobs"] = batch["rollout_logprobs"].clone()
+        else:
+            old = self.actor_train.compute_logprobs(inputs, key="old_logprobs")
+            batch.tensors.update(old.tensors)
+        if self.cfg.algorithm.kl_coef > 0:
+            batch.tensors.update(self.reference_logprobs(inputs).tensors)
+        if values is not None:
+            batch.tensors.update(values.get().tensors)
+        return {"actor/old_logprobs_recomputed": float(not reuse)}
+
+    def _reuse_rollout_logprobs(self, staleness: float) -> bool:
+        """``algorithm.old_logprobs``: auto reuses the rollout's log-probs only where they are
+        the trainer's numbers: an on-policy batch, fp32 on both sides, and the latest parity
+        probe within ``AUTO_REUSE_PARITY``."""
+        mode = self.cfg.algorithm.old_logprobs
+        if mode != "auto":
+            return mode == "rollout"
+        dtypes = {self.cfg.actor_train.model_args.dtype, self.cfg.actor_infer.model_args.dtype}
+        return (
+            staleness == 0
+            and dtypes == {"fp32"}
+            and self.last_parity is not None
+            and self.last_parity <= AUTO_REUSE_PARITY
+        )
 
     def train(self, batch: Batch, step: int) -> dict[str, float]:
         """``algorithm.ppo_epochs`` passes of actor training over ``batch`` (and of the critic's,
@@ -390,8 +474,10 @@ class RLVRPipeline:
                 rollout_dtype=self.cfg.actor_infer.model_args.dtype,
             )
         metrics = self.weight_transport.sync(self.actor_train, self.actor_infer)
+        self.last_parity = None
         if ws.parity_check:
             metrics.update(self._weight_parity(metrics))
+            self.last_parity = metrics["sync/parity_max_abs_diff"]
         return metrics
 
     def _weight_parity(self, sync_metrics: dict[str, float]) -> dict[str, float]:
@@ -415,7 +501,11 @@ class RLVRPipeline:
             self.actor_train, self.actor_infer, self.parity_probe, max_abs_diff=bound, what=what
         )
 
-    def rollout_and_score(self, step: int) -> tuple[Batch, dict[str, float]]:
+    def rollout_and_score(
+        self, step: int, first: Batch | None = None
+    ) -> tuple[Batch, dict[str, float]]:
+        """Generate (``first``: the samples already generated for round 0), score, shape and,
+        with dynamic sampling, resample; returns the packed batch and ``rollout/*`` metrics."""
         cfg, algo = self.cfg, self.cfg.algorithm
         group = cfg.num_return_sequences_in_group
         kept: list[Batch] = []  # groups that train
@@ -423,9 +513,14 @@ class RLVRPipeline:
         kept_groups, drawn, rounds = 0, 0, 0
         stats: dict[str, float] = {"time/rollout_generate": 0.0, "time/rollout_reward": 0.0}
         while True:
-            prompts = self.sampler.next_batch(cfg.rollout_batch_size)
             started = time.perf_counter()
-            samples = self._generate(prompts, seed=_step_seed(cfg.seed, step, rounds))
+            if first is not None and rounds == 0:
+                samples = first
+                drawn_now = len(samples) // group
+            else:
+                prompts = self.sampler.next_batch(cfg.rollout_batch_size)
+                samples = self._generate(prompts, seed=_step_seed(cfg.seed, step, rounds))
+                drawn_now = len(prompts)
             generated = time.perf_counter()
             self._score(samples)
             penalty = self._overlong_penalty(samples)
@@ -435,7 +530,7 @@ class RLVRPipeline:
                 stats.update(self._rollout_metrics(samples))
                 if penalty is not None:
                     stats["rollout/overlong_penalty"] = float(penalty.mean())
-            drawn += len(prompts)
+            drawn += drawn_now
             if not algo.dynamic_sampling:
                 kept.append(samples)
                 break
@@ -459,13 +554,21 @@ class RLVRPipeline:
         return packed, stats
 
     def _generate(self, prompts: list[dict], seed: int) -> Batch:
+        return self._samples(prompts, self._submit_generation(prompts, seed).get())
+
+    def _submit_generation(self, prompts: list[dict], seed: int) -> Any:
+        """Start ``n`` samples per prompt on the rollout engines; a pending call."""
         prompt_batch = Batch(
             non_tensors={
                 "prompt_ids": [p["prompt_ids"] for p in prompts],
                 "row": range(len(prompts)),
             }
         )
-        out = self.actor_infer.generate(prompt_batch, seed=seed)
+        return self.actor_infer.submit("generate", prompt_batch, seed=seed)
+
+    def _samples(self, prompts: list[dict], out: Any) -> Batch:
+        """The generation output ``out`` (``row``, ``response_ids``, ``rollout_logprobs``,
+        ``finish_reason``) joined with its prompts' rows and decoded."""
         rows = [prompts[r] for r in out["row"]]
         text = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in out["response_ids"]]
         return Batch(
@@ -612,6 +715,8 @@ class RLVRPipeline:
         ]
         for call in saves:
             call.get()
+        if self.queue is not None:  # the batches generated ahead train after a resume too
+            self.queue.save(partial)
         state = {
             "step": step,
             "sampler": self.sampler.state_dict(),
@@ -638,6 +743,8 @@ class RLVRPipeline:
         for call in loads:
             call.get()
         self.sampler.load_state_dict(state["sampler"])
+        if self.queue is not None:
+            self.queue.load(path)
         restore_rng_state(state["rng"])
         step = int(state["step"])
         # The resumed run dumps the later steps' rollouts again (metrics: Tracker(resume_step=)).
@@ -645,6 +752,10 @@ class RLVRPipeline:
         logger.info("resumed from %s at step %d", path, step)
         self.policy_version = step
         return step
+
+
+ASYNC_TIS_CAP = 2.0  # algorithm.tis_cap when it is null under async_generation
+AUTO_REUSE_PARITY = 1e-4  # algorithm.old_logprobs=auto: the parity gap that proves reuse safe
 
 
 def fit_dynamic_batch(

@@ -19,9 +19,10 @@ from roll_ds.tracking import METRICS_FILE, read_metrics
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CONFIG = "rlvr_lora_zero3"
-# Least rise of eval/accuracy from step 0 to the last step that the test accepts.
-# Measured range over seeds: see README.
-MARGIN = 0.10
+# Least rise of eval/accuracy from step 0 to step 40 that the test accepts. Measured on a fresh
+# clone (seeds 42, 1, 2): +0.262 to +0.298 (README); the margin leaves room for machines whose
+# float rounding sends training down another path.
+MARGIN = 0.15
 
 
 def test_default_run_raises_held_out_accuracy(tmp_path: Path):

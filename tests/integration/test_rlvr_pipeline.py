@@ -6,73 +6,12 @@ checkpoint and resumed, and its metrics must equal the uninterrupted run's.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-
-from roll_ds.config.compose import PROJECT_ROOT
+from _pipeline_run import metrics, run, sigkill_after_first_checkpoint, stable
 
 pytestmark = pytest.mark.integration
-
-SMALL = [
-    "max_steps=4",
-    "save_steps=2",
-    "eval_steps=4",
-    "rollout_batch_size=4",
-    "num_return_sequences_in_group=4",
-    "actor_train.training_args.per_device_train_batch_size=8",
-    "actor_train.training_args.gradient_accumulation_steps=1",
-    "validation.max_prompts=32",
-    "tracking.tensorboard=false",
-    # Not the default 1.0: the trainer must score the rollouts at the temperature they were
-    # sampled at, which the mismatch check below then covers.
-    "actor_infer.generating_args.temperature=0.8",
-]
-# Wall-clock and throughput differ between runs; everything else must not.
-VOLATILE_PREFIXES = ("time/", "throughput/")
-VOLATILE_KEYS = ("seconds", "gbps")
-
-
-def command(out_dir: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "run.py",
-        "--config-name",
-        "rlvr_lora_zero3",
-        f"output_dir={out_dir}",
-        *SMALL,
-        *extra,
-    ]
-
-
-def run(out_dir: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command(out_dir, *extra),
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
-def metrics(out_dir: Path) -> list[dict]:
-    path = out_dir / "rlvr_lora_zero3" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def stable(row: dict) -> dict:
-    return {
-        k: v
-        for k, v in row.items()
-        if not k.startswith(VOLATILE_PREFIXES) and not any(w in k for w in VOLATILE_KEYS)
-    }
 
 
 @pytest.fixture(scope="module")
@@ -112,24 +51,7 @@ def test_pipeline_runs_and_reports(straight: Path):
 
 
 def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: Path):
-    proc = subprocess.Popen(
-        command(tmp_path),
-        cwd=PROJECT_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    latest = tmp_path / "rlvr_lora_zero3" / "checkpoints" / "latest"
-    deadline = time.monotonic() + 600
-    try:
-        while not latest.exists():
-            assert proc.poll() is None, "run ended before writing a checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within 600 s"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started
-        proc.wait()
-    assert latest.read_text() == "step_000002"
+    assert sigkill_after_first_checkpoint(tmp_path) == "step_000002"
 
     resumed = run(tmp_path, "resume_from_checkpoint=latest")
     assert resumed.returncode == 0, resumed.stderr[-4000:]

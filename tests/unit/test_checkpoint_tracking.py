@@ -343,6 +343,7 @@ def test_resume_drops_rollout_rows_past_the_checkpoint(tmp_path):
     pipeline = RLVRPipeline.__new__(RLVRPipeline)  # the resume path only, no actors
     pipeline.cfg = SimpleNamespace(resume_from_checkpoint="latest")
     pipeline.out_dir, pipeline.checkpoints, pipeline.use_critic = out, mgr, False
+    pipeline.queue = None  # the synchronous loop
     pipeline.clusters = {"actor_train": FakeCluster()}
     pipeline.sampler = FakeSampler()
     assert pipeline._maybe_resume() == 2

@@ -574,3 +574,15 @@ def test_cli_zero_micro_batch_without_traceback():
     assert result.returncode == 2, result.stderr
     assert "per_device_train_batch_size: must be >= 1, got 0" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_async_generation_values():
+    assert only("async_generation.max_staleness=-1") == (
+        "async_generation.max_staleness: must be >= 0 (0: the synchronous loop), got -1"
+    )
+    assert only("algorithm.old_logprobs=cached") == (
+        "algorithm.old_logprobs: 'cached' is not one of recompute, rollout, auto"
+    )
+    msg = only("async_generation.max_staleness=1", "algorithm.dynamic_sampling=true")
+    assert "dynamic_sampling" in msg and "max_staleness=0" in msg
+    load_config("rlvr_lora_zero3", ["async_generation.max_staleness=2"], check_files=False)

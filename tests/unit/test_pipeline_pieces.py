@@ -190,3 +190,19 @@ def test_filter_overlong_prompts_drops_and_counts(caplog):
     kept = pipe._encode([dict(r) for r in rows], DataArgs(filter_overlong_prompts=True), "x")
     assert [r["id"] for r in kept] == ["short"]
     assert "dropped 1 of 2 prompts" in caplog.text
+
+
+def test_old_logprobs_reuse_follows_the_mode_and_the_evidence():
+    pipe = _pipeline(old_logprobs="auto")
+    pipe.last_parity = 3e-6
+    assert pipe._reuse_rollout_logprobs(staleness=0.0)  # on-policy, fp32, parity proven
+    assert not pipe._reuse_rollout_logprobs(staleness=1.0)  # off-policy: recompute pi_t
+    pipe.last_parity = 2e-3
+    assert not pipe._reuse_rollout_logprobs(staleness=0.0)  # the engines disagree
+    pipe.last_parity = None
+    assert not pipe._reuse_rollout_logprobs(staleness=0.0)  # no parity probe ran
+    pipe.last_parity = 3e-6
+    pipe.cfg.actor_infer.model_args.dtype = "bf16"
+    assert not pipe._reuse_rollout_logprobs(staleness=0.0)  # bf16 numbers differ
+    assert _pipeline(old_logprobs="rollout")._reuse_rollout_logprobs(staleness=2.0)
+    assert not _pipeline(old_logprobs="recompute")._reuse_rollout_logprobs(staleness=0.0)

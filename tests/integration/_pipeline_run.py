@@ -1,0 +1,90 @@
+"""Running the real pipeline through run.py in a subprocess (shared by the pipeline tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from roll_ds.config.compose import PROJECT_ROOT
+
+SMALL = [
+    "max_steps=4",
+    "save_steps=2",
+    "eval_steps=4",
+    "rollout_batch_size=4",
+    "num_return_sequences_in_group=4",
+    "actor_train.training_args.per_device_train_batch_size=8",
+    "actor_train.training_args.gradient_accumulation_steps=1",
+    "validation.max_prompts=32",
+    "tracking.tensorboard=false",
+    # Not the default 1.0: the trainer must score the rollouts at the temperature they were
+    # sampled at, which the mismatch check below then covers.
+    "actor_infer.generating_args.temperature=0.8",
+]
+# Wall-clock and throughput differ between runs; everything else must not.
+VOLATILE_PREFIXES = ("time/", "throughput/")
+VOLATILE_KEYS = ("seconds", "gbps")
+
+
+def command(out_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "run.py",
+        "--config-name",
+        "rlvr_lora_zero3",
+        f"output_dir={out_dir}",
+        *SMALL,
+        *extra,
+    ]
+
+
+def run(out_dir: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(out_dir, *extra),
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def metrics(out_dir: Path) -> list[dict]:
+    path = out_dir / "rlvr_lora_zero3" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def stable(row: dict) -> dict:
+    return {
+        k: v
+        for k, v in row.items()
+        if not k.startswith(VOLATILE_PREFIXES) and not any(w in k for w in VOLATILE_KEYS)
+    }
+
+
+def sigkill_after_first_checkpoint(out_dir: Path, *extra: str, timeout: float = 600) -> str:
+    """Start a run, SIGKILL it (and everything it started) once its first checkpoint is
+    complete; returns the checkpoint's name."""
+    proc = subprocess.Popen(
+        command(out_dir, *extra),
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    latest = out_dir / "rlvr_lora_zero3" / "checkpoints" / "latest"
+    deadline = time.monotonic() + timeout
+    try:
+        while not latest.exists():
+            assert proc.poll() is None, "run ended before writing a checkpoint"
+            assert time.monotonic() < deadline, f"no checkpoint within {timeout:g} s"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return latest.read_text()

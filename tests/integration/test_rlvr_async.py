@@ -1,0 +1,100 @@
+"""Asynchronous rollouts (``async_generation.max_staleness=1``) on the real pipeline.
+
+vLLM generates step t+1's batch while the trainer trains step t: from the second step on each
+batch is one policy version old, TIS corrects for it, and a run SIGKILLed after a checkpoint
+resumes to exactly the uninterrupted run's metrics (the batch generated ahead is stored in the
+checkpoint). A rollout actor killed mid-overlap stops the run with an error naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from _pipeline_run import command, metrics, run, sigkill_after_first_checkpoint, stable
+
+from roll_ds.config.compose import PROJECT_ROOT
+
+pytestmark = pytest.mark.integration
+
+ASYNC = ("async_generation.max_staleness=1",)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("async_straight")
+    result = run(out, *ASYNC)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
+
+
+def test_batches_are_one_version_old_and_corrected(straight: Path):
+    rows = metrics(straight)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    train_rows = rows[1:]
+    # Step 1 trains on the batch the initial weights generated: on-policy. Every later batch
+    # was generated while the step before it trained, by the weights before that step.
+    assert [r["rollout/staleness"] for r in train_rows] == [0.0, 1.0, 1.0, 1.0]
+    for row in train_rows:
+        assert row["sync/parity_max_abs_diff"] < 1e-4
+        assert row["actor/old_logprobs_recomputed"] == 1.0  # pi_t, not the stale rollout's
+        assert "actor/tis_weight_mean" in row  # TIS is on (tis_cap null -> 2.0 under async)
+        assert "time/rollout_wait" in row and "time/sync_after" in row
+    # On-policy, the rollout's log-probs are the trainer's; one version later they are not.
+    assert train_rows[0]["rollout/mismatch_abs_logprob_diff"] < 1e-4
+    assert all(r["rollout/mismatch_abs_logprob_diff"] > 1e-3 for r in train_rows[1:])
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
+
+
+def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: Path):
+    assert sigkill_after_first_checkpoint(tmp_path, *ASYNC) == "step_000002"
+    checkpoint = tmp_path / "rlvr_lora_zero3" / "checkpoints" / "step_000002"
+    assert (checkpoint / "rollouts_in_flight.npz").is_file()  # step 3's batch, generated ahead
+    resumed = run(tmp_path, *ASYNC, "resume_from_checkpoint=latest")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    got = {r["step"]: stable(r) for r in metrics(tmp_path)}
+    want = {r["step"]: stable(r) for r in metrics(straight)}
+    assert sorted(got) == sorted(want)
+    for step in (3, 4):
+        assert got[step].keys() == want[step].keys()
+        for key, value in want[step].items():
+            assert got[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+
+
+def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
+    proc = subprocess.Popen(
+        command(tmp_path, *ASYNC, "max_steps=200", "save_steps=0", "eval_steps=0"),
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics_file = tmp_path / "rlvr_lora_zero3" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 600
+        while not (metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, "run ended early"
+            assert time.monotonic() < deadline, "no training step within 600 s"
+            time.sleep(0.2)
+        [rollout] = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "RolloutWorker" in " ".join(p.cmdline())
+        ]
+        rollout.kill()
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=180)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    assert "actor_infer" in stderr and "rank 0" in stderr, stderr[-3000:]
+    assert took < 120, took
