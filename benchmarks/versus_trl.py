@@ -28,6 +28,7 @@ VARIANTS = {
     "sync": ["algorithm.old_logprobs=recompute"],
     "sync_reuse": ["algorithm.old_logprobs=auto"],
     "async": ["async_generation.max_staleness=1"],
+    "async_rollout": ["async_generation.max_staleness=1", "algorithm.old_logprobs=rollout"],
 }
 PHASES = ("rollout_generate", "logprobs", "train", "sync")
 
@@ -81,7 +82,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["sync", "async"])
-    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="TRL's threads")
+    parser.add_argument(
+        "--threads", nargs="*", type=int, default=[1, 2], help="TRL's threads (none: skip TRL)"
+    )
     parser.add_argument("--steps", type=int, default=6, help="steps per run, the first untimed")
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for our runs")
     parser.add_argument("--out", default="benchmarks/results/versus_trl.json")
