@@ -19,6 +19,7 @@ from roll_ds.models.lora import WeightUnit, weight_units
 
 Bucket = list[tuple[str, torch.Tensor]]
 T = TypeVar("T")
+EXPORT_BUCKET_BYTES = 256 * 2**20  # gathered at a time while exporting
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -167,6 +168,39 @@ def _finish_shards(out_dir: str, files: list[str], weight_map: dict[str, str]) -
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2, sort_keys=True)
     return renamed
+
+
+def write_hf_model(
+    module: torch.nn.Module,
+    out_dir: str,
+    *,
+    source_dir: str,
+    write: bool,
+    max_shard_bytes: int = 5 * 2**30,
+) -> None:
+    """An HF model directory from ``module`` (LoRA merged): safetensors shards, ``config.json``,
+    the tokenizer files of ``source_dir`` and a generation config (``source_dir``'s, else the
+    model's). Under ZeRO-3 every rank calls this together; only ``write=True`` writes."""
+    from roll_ds.models.lora import hf_model_of
+
+    buckets = iter_weight_buckets(module, bucket_bytes=EXPORT_BUCKET_BYTES)
+    save_hf_weights(buckets, out_dir, write=write, max_shard_bytes=max_shard_bytes)
+    if not write:
+        return
+    hf = hf_model_of(module)
+    hf.config.save_pretrained(out_dir)
+    copied = copy_tokenizer_files(source_dir, out_dir)
+    generation = getattr(hf, "generation_config", None)
+    if "generation_config.json" not in copied and generation is not None:
+        generation.save_pretrained(out_dir)
+
+
+def write_adapter(module: torch.nn.Module, adapter_dir: str, *, write: bool) -> None:
+    """A peft model's adapter as a peft adapter directory (``adapter_config.json`` +
+    ``adapter_model.safetensors``); under ZeRO-3 every rank calls this together."""
+    state = gathered_adapter_state(module)
+    if write:
+        module.save_pretrained(adapter_dir, state_dict=state, safe_serialization=True)
 
 
 def copy_tokenizer_files(src_dir: str, out_dir: str) -> list[str]:

@@ -39,17 +39,15 @@ from roll_ds.config.deepspeed import (
 )
 from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
 from roll_ds.models.loading import apply_lora, load_causal_lm, resolve_model_path
-from roll_ds.models.lora import hf_model_of
 from roll_ds.platform import current_platform
 from strategies import _common
 from strategies._value_model import apply_value_lora, forward_values, load_value_model
 from strategies._weights import (
     adapter_config,
-    copy_tokenizer_files,
-    gathered_adapter_state,
     iter_adapter_buckets,
     iter_weight_buckets,
-    save_hf_weights,
+    write_adapter,
+    write_hf_model,
 )
 from strategies._zero import batched_forward, plain_strategy_config, release_zero3_params
 from strategies.base import StrategyContext
@@ -465,33 +463,30 @@ class DeepSpeedTrainStrategy:
         max_shard_bytes: int = 5 * 2**30,
     ) -> dict[str, str]:
         """Write an HF model directory plain transformers (and vLLM) load: config, safetensors
-        (ZeRO-3 gathered), tokenizer files of the source model. Under LoRA also ``path/adapter``
-        (a peft adapter over the base model); ``merged=False`` then skips the full weights."""
+        (ZeRO-3 gathered), tokenizer files and generation config of the source model. Under LoRA
+        also ``path/adapter`` (a peft adapter over the base model); ``merged=False`` then skips
+        the full weights. Rank 0 writes; every rank joins the gathers."""
         written: dict[str, str] = {}
         is_writer = self.rank == 0
         if is_writer:
             os.makedirs(path, exist_ok=True)
         if self.is_lora:
             adapter_dir = os.path.join(path, "adapter")
-            self._export_adapter(adapter_dir, is_writer)
+            release_zero3_params(self.engine)
+            write_adapter(self.module, adapter_dir, write=is_writer)
             written["adapter"] = adapter_dir
         if merged or not self.is_lora:
             release_zero3_params(self.engine)
-            buckets = iter_weight_buckets(self.module, bucket_bytes=256 * 2**20)
-            save_hf_weights(buckets, path, write=is_writer, max_shard_bytes=max_shard_bytes)
-            if is_writer:
-                hf = hf_model_of(self.module)
-                hf.config.save_pretrained(path)
-                copy_tokenizer_files(self.model_path, path)
+            write_hf_model(
+                self.module,
+                path,
+                source_dir=self.model_path,
+                write=is_writer,
+                max_shard_bytes=max_shard_bytes,
+            )
             written["model"] = path
         _barrier()
         return written
-
-    def _export_adapter(self, adapter_dir: str, is_writer: bool) -> None:
-        release_zero3_params(self.engine)
-        state = gathered_adapter_state(self.module)
-        if is_writer:
-            self.module.save_pretrained(adapter_dir, state_dict=state, safe_serialization=True)
 
     # -----------------------------------------------------------------------------------------
     # checkpoints

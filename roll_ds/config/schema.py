@@ -202,6 +202,18 @@ class WeightSyncConfig:
 
 
 @dataclass
+class ExportConfig:
+    """Hugging Face model directories of the trained policy, under ``<output_dir>/<exp_name>/hf/
+    step_N/``: merged weights (safetensors), config, tokenizer and generation config, which plain
+    transformers and vLLM load; under LoRA also ``adapter/``, a peft adapter over ``pretrain``.
+    Any checkpoint converts afterwards with ``python -m roll_ds.export`` (roll_ds/export.py)."""
+
+    at_end: bool = True  # export the final policy after the last step
+    # Also export at every checkpoint (save_steps); unlike checkpoints these are never pruned.
+    every_save: bool = False
+
+
+@dataclass
 class RayConfig:
     address: str | None = None  # null: $RAY_ADDRESS if set, else start a local Ray
     num_cpus: int | None = None  # local Ray only
@@ -250,6 +262,7 @@ class RLVRConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     async_generation: AsyncGenerationConfig = field(default_factory=AsyncGenerationConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from roll_ds.config.schema import RLVRConfig
@@ -27,11 +28,11 @@ def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
         rows = pipeline.run()
     finally:
         pipeline.shutdown()
-    _summarise(rows, pipeline.out_dir)
+    _summarise(rows, pipeline.out_dir, getattr(pipeline, "exported", None))
     return rows
 
 
-def _summarise(rows: list[dict[str, float]], out_dir) -> None:
+def _summarise(rows: list[dict[str, float]], out_dir, exported: os.PathLike | None = None) -> None:
     evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     if evals:
         (s0, a0), (s1, a1) = evals[0], evals[-1]
@@ -40,3 +41,7 @@ def _summarise(rows: list[dict[str, float]], out_dir) -> None:
             f"({(a1 - a0) * 100:+.1f} points)"
         )
     print(f"roll_ds: metrics, curves.png and checkpoints under {out_dir}")
+    if exported is not None:
+        adapter = os.path.join(exported, "adapter")
+        extra = f"; its LoRA adapter (peft) in {adapter}" if os.path.isdir(adapter) else ""
+        print(f"roll_ds: Hugging Face model (transformers, vLLM) in {exported}{extra}")

@@ -32,6 +32,7 @@ from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.dataset import load_jsonl_rows
 from roll_ds.data.sampler import PromptSampler
 from roll_ds.distributed.batch import Batch, object_array
+from roll_ds.export import ExportInfo, export_run_step, hf_step_dir
 from roll_ds.models.embedded import resolve_pretrain
 from roll_ds.pipeline.advantage import batch_advantages
 from roll_ds.pipeline.losses import PolicyLoss, ValueLoss
@@ -303,6 +304,9 @@ class RLVRPipeline:
             ],
             self.out_dir / "curves.png",
         )
+        last = getattr(self, "exported", None)  # every_save may have exported this step
+        if cfg.export.at_end and last != hf_step_dir(self.out_dir, cfg.max_steps):
+            self.exported = export_run_step(self.actor_train, self.out_dir, cfg.max_steps)
         return rows
 
     def train_one_step(self, step: int) -> dict[str, float]:
@@ -717,13 +721,18 @@ class RLVRPipeline:
             call.get()
         if self.queue is not None:  # the batches generated ahead train after a resume too
             self.queue.save(partial)
+        # What `python -m roll_ds.export` needs besides the engine state (base model, LoRA).
+        ExportInfo.from_config(self.cfg, self.model_dir).save(partial)
         state = {
             "step": step,
             "sampler": self.sampler.state_dict(),
             "rng": capture_rng_state(),
             "exp_name": self.cfg.exp_name,
         }
-        return self.checkpoints.commit(partial, state)
+        final = self.checkpoints.commit(partial, state)
+        if self.cfg.export.every_save:
+            self.exported = export_run_step(self.actor_train, self.out_dir, step)
+        return final
 
     def _maybe_resume(self) -> int:
         if not self.cfg.resume_from_checkpoint:
