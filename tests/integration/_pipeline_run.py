@@ -88,3 +88,17 @@ def sigkill_after_first_checkpoint(out_dir: Path, *extra: str, timeout: float = 
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     return latest.read_text()
+
+
+def assert_same_metrics(got_dir: Path, want_dir: Path, steps: tuple[int, ...]) -> None:
+    """Both runs logged the same steps, and at ``steps`` the same stable metrics (a resumed run
+    against an uninterrupted one)."""
+    import pytest
+
+    got = {r["step"]: stable(r) for r in metrics(got_dir)}
+    want = {r["step"]: stable(r) for r in metrics(want_dir)}
+    assert sorted(got) == sorted(want)
+    for step in steps:
+        assert got[step].keys() == want[step].keys()
+        for key, value in want[step].items():
+            assert got[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _pipeline_run import command, metrics, run, sigkill_after_first_checkpoint, stable
+from _pipeline_run import (
+    assert_same_metrics,
+    command,
+    metrics,
+    run,
+    sigkill_after_first_checkpoint,
+)
 
 from roll_ds.config.compose import PROJECT_ROOT
 
@@ -57,13 +63,7 @@ def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: 
     assert (checkpoint / "rollouts_in_flight.npz").is_file()  # step 3's batch, generated ahead
     resumed = run(tmp_path, *ASYNC, "resume_from_checkpoint=latest")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    got = {r["step"]: stable(r) for r in metrics(tmp_path)}
-    want = {r["step"]: stable(r) for r in metrics(straight)}
-    assert sorted(got) == sorted(want)
-    for step in (3, 4):
-        assert got[step].keys() == want[step].keys()
-        for key, value in want[step].items():
-            assert got[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+    assert_same_metrics(tmp_path, straight, steps=(3, 4))
 
 
 def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _pipeline_run import metrics, run, sigkill_after_first_checkpoint, stable
+from _pipeline_run import assert_same_metrics, metrics, run, sigkill_after_first_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -55,13 +55,7 @@ def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: 
 
     resumed = run(tmp_path, "resume_from_checkpoint=latest")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    got = {r["step"]: stable(r) for r in metrics(tmp_path)}
-    want = {r["step"]: stable(r) for r in metrics(straight)}
-    assert sorted(got) == sorted(want)
-    for step in (3, 4):
-        assert got[step].keys() == want[step].keys()
-        for key, value in want[step].items():
-            assert got[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+    assert_same_metrics(tmp_path, straight, steps=(3, 4))
 
 
 def test_adapter_sync_over_a_collective_group(straight: Path, tmp_path: Path):

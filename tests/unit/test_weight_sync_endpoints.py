@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _members import run_members
 
 torch = pytest.importorskip("torch")
 
@@ -45,25 +45,6 @@ def buckets() -> list[list[tuple[str, torch.Tensor]]]:
         [("model.embed_tokens.weight", embed), ("lm_head.weight", embed)],
         [("model.norm.weight", torch.randn(3, generator=g))],
     ]
-
-
-def run_members(fns: dict[int, Any], timeout_s: float = 30) -> dict[int, Any]:
-    """Run ``fns[i]()`` in threads; each result, or the exception it raised."""
-    results: dict[int, Any] = {}
-
-    def run(i, fn):
-        try:
-            results[i] = fn()
-        except BaseException as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=item, daemon=True) for item in fns.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s)
-    assert not any(t.is_alive() for t in threads), "a member hung"
-    return results
 
 
 def all_ok(results: dict[int, Any]) -> dict[int, Any]:

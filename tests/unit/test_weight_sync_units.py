@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
+from _members import run_members
 
 torch = pytest.importorskip("torch")
 
@@ -244,25 +244,6 @@ def test_default_parity_bound_follows_the_coarsest_dtype():
 
 
 # --- the collective stream over a real gloo group (members are threads) -----------------------
-
-
-def run_members(fns: dict[int, object], timeout_s: float = 30) -> dict[int, object]:
-    """Run ``fns[rank]()`` in threads; returns each result or the exception it raised."""
-    results: dict[int, object] = {}
-
-    def run(rank, fn):
-        try:
-            results[rank] = fn()
-        except BaseException as exc:
-            results[rank] = exc
-
-    threads = [threading.Thread(target=run, args=item, daemon=True) for item in fns.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s)
-    assert not any(t.is_alive() for t in threads), "a member hung"
-    return results
 
 
 def make_group(world: int, timeout_s: float = 10.0) -> dict[int, TransferGroup]:
