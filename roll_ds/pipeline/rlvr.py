@@ -37,7 +37,13 @@ from roll_ds.models.embedded import resolve_pretrain
 from roll_ds.pipeline.advantage import batch_advantages
 from roll_ds.pipeline.losses import PolicyLoss, ValueLoss
 from roll_ds.pipeline.passes import merge_pass_metrics, pass_orders, schedule_steps
-from roll_ds.pipeline.rollout import domain_metrics, domain_routes, encode_prompt, group_has_signal
+from roll_ds.pipeline.rollout import (
+    domain_metrics,
+    domain_routes,
+    encode_prompt,
+    fit_dynamic_batch,
+    group_has_signal,
+)
 from roll_ds.pipeline.rollout_queue import InFlight, RolloutQueue
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
 from roll_ds.threads import role_threads
@@ -765,25 +771,6 @@ class RLVRPipeline:
 
 ASYNC_TIS_CAP = 2.0  # algorithm.tis_cap when it is null under async_generation
 AUTO_REUSE_PARITY = 1e-4  # algorithm.old_logprobs=auto: the parity gap that proves reuse safe
-
-
-def fit_dynamic_batch(
-    kept: list[Batch], spare: list[Batch], group: int, want: int
-) -> tuple[Batch, int]:
-    """Dynamic sampling's batch of exactly ``want`` groups: the first ``want`` kept groups, or
-    all of them followed by groups without signal from ``spare`` (never a kept group twice).
-    Returns the batch and how many of its last rows are such padding. Enough spare groups
-    always exist: every round draws ``want`` groups, each either kept or spare."""
-    batch = Batch.concat([b for b in kept if len(b)]) if any(len(b) for b in kept) else None
-    have = len(batch) // group if batch is not None else 0
-    if have >= want:
-        return batch.index(list(range(want * group))), 0
-    pool = Batch.concat([b for b in spare if len(b)])
-    pad_rows = (want - have) * group
-    if len(pool) < pad_rows:
-        raise RuntimeError(f"dynamic sampling: {len(pool)} spare rows for {pad_rows} padding rows")
-    pad = pool.index(list(range(pad_rows)))
-    return (Batch.concat([batch, pad]) if batch is not None else pad), pad_rows
 
 
 def rollout_temperature(cfg: RLVRConfig) -> float:

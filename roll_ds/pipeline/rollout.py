@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from roll_ds.distributed.batch import Batch
+
 
 def encode_prompt(tokenizer: Any, text: str, template: str) -> list[int]:
     """Token ids of one prompt: ``raw`` uses the text as is, ``chat`` the tokenizer's template."""
@@ -77,3 +79,22 @@ def domain_metrics(
     out[f"{prefix}/timeouts"] = float(sum(bool(i.get("timed_out")) for i in infos))
     out[f"{prefix}/errors"] = float(sum(bool(i.get("error")) for i in infos))
     return out
+
+
+def fit_dynamic_batch(
+    kept: list[Batch], spare: list[Batch], group: int, want: int
+) -> tuple[Batch, int]:
+    """Dynamic sampling's batch of exactly ``want`` groups: the first ``want`` kept groups, or
+    all of them followed by groups without signal from ``spare`` (never a kept group twice).
+    Returns the batch and how many of its last rows are such padding. Enough spare groups
+    always exist: every round draws ``want`` groups, each either kept or spare."""
+    batch = Batch.concat([b for b in kept if len(b)]) if any(len(b) for b in kept) else None
+    have = len(batch) // group if batch is not None else 0
+    if have >= want:
+        return batch.index(list(range(want * group))), 0
+    pool = Batch.concat([b for b in spare if len(b)])
+    pad_rows = (want - have) * group
+    if len(pool) < pad_rows:
+        raise RuntimeError(f"dynamic sampling: {len(pool)} spare rows for {pad_rows} padding rows")
+    pad = pool.index(list(range(pad_rows)))
+    return (Batch.concat([batch, pad]) if batch is not None else pad), pad_rows

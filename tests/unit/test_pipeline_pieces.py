@@ -100,7 +100,7 @@ def _groups(ids: list[str], group: int = 2):
 
 
 def test_dynamic_batch_pads_with_spare_groups_never_a_kept_one_twice():
-    from roll_ds.pipeline.rlvr import fit_dynamic_batch
+    from roll_ds.pipeline.rollout import fit_dynamic_batch
 
     kept = [_groups(["a"]), _groups([]), _groups(["b"])]
     spare = [_groups(["x", "y"]), _groups(["z"])]
