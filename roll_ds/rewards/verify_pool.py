@@ -231,149 +231,191 @@ class WorkerPool:
             return self._run(jobs)
 
     def _run(self, jobs: list[tuple[str, list[str]]]) -> list[dict[str, Any]]:
-        results: list[dict[str, Any] | None] = [None] * len(jobs)
-        pending: deque[int] = deque(range(len(jobs)))
-        hard_timeout = self.timeout_s + self.kill_grace_s if self.timeout_s else _INF
-        max_start_failures = 2 * self.num_procs + 1
-        start_failures = 0
-        warming_up = not jobs  # start(): just bring every worker up
+        round_ = _Round(self, jobs)
+        while not round_.finished():
+            if round_.cannot_start_workers():
+                continue
+            round_.spawn_and_feed()
+            round_.receive()
+            round_.kill_overdue()
+        return round_.results_or_placeholders()
 
-        def fail(job: int, error: str | None, timed_out: bool = False) -> None:
-            results[job] = {
-                "correct": False,
-                "timed_out": timed_out,
-                "error": error,
-                "extracted": None,
-            }
 
-        def requeue(slot: _Slot) -> None:
-            """Give the jobs queued behind the head back, ahead of the rest, in order."""
-            for job, _ in reversed(slot.outstanding):
-                pending.appendleft(job)
-            slot.outstanding.clear()
+_NO_RESULT = {
+    "correct": False,
+    "timed_out": False,
+    "error": "internal: no result",
+    "extracted": None,
+}
 
-        def feed(slot: _Slot, now: float) -> None:
-            while pending and len(slot.outstanding) < self.max_inflight:
-                job = pending[0]
-                response, golds = jobs[job]
-                payload = pickle.dumps((job, response, golds), protocol=pickle.HIGHEST_PROTOCOL)
-                if slot.outstanding and (
-                    slot.inflight_bytes + len(payload) > self.max_inflight_bytes
-                ):
-                    return  # would risk blocking on a full pipe; send after some answers
+
+class _Round:
+    """The state of one :meth:`WorkerPool.run` call: which jobs wait, which are answered, and
+    how often workers failed to start. Each loop of ``_run`` spawns missing workers and feeds
+    them, receives what they answered, then kills those that missed a deadline."""
+
+    def __init__(self, pool: WorkerPool, jobs: list[tuple[str, list[str]]]) -> None:
+        self.pool = pool
+        self.jobs = jobs
+        self.results: list[dict[str, Any] | None] = [None] * len(jobs)
+        self.pending: deque[int] = deque(range(len(jobs)))
+        self.hard_timeout = pool.timeout_s + pool.kill_grace_s if pool.timeout_s else _INF
+        self.max_start_failures = 2 * pool.num_procs + 1
+        self.start_failures = 0
+        self.warming_up = not jobs  # start(): just bring every worker up
+
+    @property
+    def slots(self) -> list[_Slot | None]:
+        return self.pool._slots
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def fail(self, job: int, error: str | None, timed_out: bool = False) -> None:
+        self.results[job] = {
+            "correct": False,
+            "timed_out": timed_out,
+            "error": error,
+            "extracted": None,
+        }
+
+    def requeue(self, slot: _Slot) -> None:
+        """Give the jobs queued behind the head back, ahead of the rest, in order."""
+        for job, _ in reversed(slot.outstanding):
+            self.pending.appendleft(job)
+        slot.outstanding.clear()
+
+    def finished(self) -> bool:
+        busy = any(s is not None and s.outstanding for s in self.slots)
+        return (
+            not self.pending
+            and not busy
+            and (
+                not self.warming_up
+                or all(s is not None and s.ready for s in self.slots)
+                or self.start_failures >= self.max_start_failures
+            )
+        )
+
+    def cannot_start_workers(self) -> bool:
+        """Fail every waiting job once workers keep failing to start; True if it did."""
+        if self.start_failures < self.max_start_failures or not self.pending:
+            return False
+        for job in self.pending:
+            self.fail(job, "worker_unavailable: math_rule worker processes fail to start")
+        self.pending.clear()
+        return True
+
+    def results_or_placeholders(self) -> list[dict[str, Any]]:
+        return [r if r is not None else dict(_NO_RESULT) for r in self.results]
+
+    # -- one loop ---------------------------------------------------------------------------------
+    def feed(self, slot: _Slot, now: float) -> None:
+        """Send waiting jobs to ``slot`` up to its in-flight job and byte limits."""
+        pool = self.pool
+        while self.pending and len(slot.outstanding) < pool.max_inflight:
+            job = self.pending[0]
+            response, golds = self.jobs[job]
+            payload = pickle.dumps((job, response, golds), protocol=pickle.HIGHEST_PROTOCOL)
+            if slot.outstanding and (slot.inflight_bytes + len(payload) > pool.max_inflight_bytes):
+                return  # would risk blocking on a full pipe; send after some answers
+            try:
+                slot.outbox.send_bytes(payload)
+            except OSError:
+                return  # the worker died: its inbox reports EOF in receive()
+            self.pending.popleft()
+            if not slot.outstanding:
+                slot.deadline = now + self.hard_timeout
+            slot.outstanding.append((job, len(payload)))
+            slot.inflight_bytes += len(payload)
+
+    def spawn_and_feed(self) -> None:
+        now = time.monotonic()
+        for i in range(self.pool.num_procs):
+            if self.slots[i] is None and (self.pending or self.warming_up):
                 try:
-                    slot.outbox.send_bytes(payload)
-                except OSError:
-                    return  # the worker died: its inbox reports EOF below
-                pending.popleft()
-                if not slot.outstanding:
-                    slot.deadline = now + hard_timeout
-                slot.outstanding.append((job, len(payload)))
-                slot.inflight_bytes += len(payload)
-
-        while True:
-            busy = any(s is not None and s.outstanding for s in self._slots)
-            if (
-                not pending
-                and not busy
-                and (
-                    not warming_up
-                    or all(s is not None and s.ready for s in self._slots)
-                    or start_failures >= max_start_failures
-                )
-            ):
-                break
-            if start_failures >= max_start_failures and pending:
-                for job in pending:
-                    fail(job, "worker_unavailable: math_rule worker processes fail to start")
-                pending.clear()
-                continue
-            now = time.monotonic()
-            for i in range(self.num_procs):
-                if self._slots[i] is None and (pending or warming_up):
-                    try:
-                        self._spawn(i)
-                    except OSError as e:
-                        logger.error("cannot start a math_rule worker: %s", e)
-                        start_failures += 1
-                        continue
-                slot = self._slots[i]
-                if slot is not None and slot.ready:
-                    feed(slot, now)
-            live = {s.inbox: i for i, s in enumerate(self._slots) if s is not None}
-            if not live:
-                continue
-            due = [
-                s.deadline if s.ready else s.started + self.startup_timeout_s
-                for s in self._slots
-                if s is not None
-            ]
-            nearest = min(due, default=_INF)
-            wait_s = None if nearest == _INF else max(0.0, nearest - time.monotonic())
-            for conn in wait(list(live), timeout=wait_s):
-                i = live[conn]
-                slot = self._slots[i]
-                assert slot is not None
-                while True:  # drain everything already there: fewer wait() calls
-                    try:
-                        msg = conn.recv()
-                    except (EOFError, OSError):
-                        code = slot.proc.poll()
-                        if code is None:
-                            with contextlib.suppress(Exception):
-                                code = slot.proc.wait(timeout=1)
-                        if slot.outstanding:
-                            head, _ = slot.outstanding.popleft()
-                            fail(head, f"worker_crashed: exit code {code}")
-                            requeue(slot)
-                        elif not slot.ready:
-                            logger.error("a math_rule worker exited while starting (code %s)", code)
-                            start_failures += 1
-                        self._discard(i)
-                        break
-                    if msg[0] == "ready":
-                        slot.ready = True
-                        start_failures = 0
-                    else:
-                        job, result = msg
-                        if slot.outstanding and slot.outstanding[0][0] == job:
-                            _, size = slot.outstanding.popleft()
-                            slot.inflight_bytes -= size
-                            results[job] = result
-                            slot.deadline = (
-                                time.monotonic() + hard_timeout if slot.outstanding else _INF
-                            )
-                    if not conn.poll(0):
-                        break
-                if self._slots[i] is slot and slot.ready:
-                    feed(slot, time.monotonic())  # refill at once, the worker may be idle
-            # Kill workers that missed their deadline (hung) or did not start in time.
-            now = time.monotonic()
-            for i, slot in enumerate(self._slots):
-                if slot is None:
+                    self.pool._spawn(i)
+                except OSError as e:
+                    logger.error("cannot start a math_rule worker: %s", e)
+                    self.start_failures += 1
                     continue
-                if slot.outstanding and now >= slot.deadline:
-                    head, _ = slot.outstanding.popleft()
-                    fail(head, None, timed_out=True)
-                    requeue(slot)
-                    self._discard(i)
-                elif not slot.ready and now >= slot.started + self.startup_timeout_s:
-                    logger.error(
-                        "a math_rule worker did not start within %.0f s", self.startup_timeout_s
-                    )
-                    start_failures += 1
-                    self._discard(i)
-        return [
-            r
-            if r is not None
-            else {
-                "correct": False,
-                "timed_out": False,
-                "error": "internal: no result",
-                "extracted": None,
-            }
-            for r in results
+            slot = self.slots[i]
+            if slot is not None and slot.ready:
+                self.feed(slot, now)
+
+    def receive(self) -> None:
+        """Wait until a worker answers or the nearest deadline, then take every answer."""
+        live = {s.inbox: i for i, s in enumerate(self.slots) if s is not None}
+        if not live:
+            return
+        due = [
+            s.deadline if s.ready else s.started + self.pool.startup_timeout_s
+            for s in self.slots
+            if s is not None
         ]
+        nearest = min(due, default=_INF)
+        wait_s = None if nearest == _INF else max(0.0, nearest - time.monotonic())
+        for conn in wait(list(live), timeout=wait_s):
+            i = live[conn]
+            slot = self.slots[i]
+            assert slot is not None
+            self.drain(i, slot, conn)
+            if self.slots[i] is slot and slot.ready:
+                self.feed(slot, time.monotonic())  # refill at once, the worker may be idle
+
+    def drain(self, i: int, slot: _Slot, conn: Connection) -> None:
+        """Take every message already in ``conn`` (fewer wait() calls); a closed pipe means the
+        worker died: its head job fails, the jobs behind it go back to the queue."""
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                self.worker_died(i, slot)
+                return
+            if msg[0] == "ready":
+                slot.ready = True
+                self.start_failures = 0
+            else:
+                job, result = msg
+                if slot.outstanding and slot.outstanding[0][0] == job:
+                    _, size = slot.outstanding.popleft()
+                    slot.inflight_bytes -= size
+                    self.results[job] = result
+                    slot.deadline = (
+                        time.monotonic() + self.hard_timeout if slot.outstanding else _INF
+                    )
+            if not conn.poll(0):
+                return
+
+    def worker_died(self, i: int, slot: _Slot) -> None:
+        code = slot.proc.poll()
+        if code is None:
+            with contextlib.suppress(Exception):
+                code = slot.proc.wait(timeout=1)
+        if slot.outstanding:
+            head, _ = slot.outstanding.popleft()
+            self.fail(head, f"worker_crashed: exit code {code}")
+            self.requeue(slot)
+        elif not slot.ready:
+            logger.error("a math_rule worker exited while starting (code %s)", code)
+            self.start_failures += 1
+        self.pool._discard(i)
+
+    def kill_overdue(self) -> None:
+        """Kill workers that missed their deadline (hung) or did not start in time."""
+        now = time.monotonic()
+        for i, slot in enumerate(self.slots):
+            if slot is None:
+                continue
+            if slot.outstanding and now >= slot.deadline:
+                head, _ = slot.outstanding.popleft()
+                self.fail(head, None, timed_out=True)
+                self.requeue(slot)
+                self.pool._discard(i)
+            elif not slot.ready and now >= slot.started + self.pool.startup_timeout_s:
+                logger.error(
+                    "a math_rule worker did not start within %.0f s", self.pool.startup_timeout_s
+                )
+                self.start_failures += 1
+                self.pool._discard(i)
 
 
 if __name__ == "__main__":
