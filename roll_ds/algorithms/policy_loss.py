@@ -79,42 +79,72 @@ def ppo_policy_loss(
     _validate(low, high, dual_clip, ratio_level)
     mask_BT = response_mask_BT.bool()
     token_log_ratio_BT = torch.where(mask_BT, logprobs_BT - old_logprobs_BT, 0.0)
+    ratio_BT = _ratio(logprobs_BT, token_log_ratio_BT, mask_BT, ratio_level)
+    adv_BT = torch.where(mask_BT, advantages_BT, 0.0)
+    loss_BT, dual_active_BT = _clipped_token_loss(ratio_BT, adv_BT, low, high, dual_clip)
+    if is_weights_BT is not None:
+        loss_BT = loss_BT * is_weights_BT.detach()
+    loss = aggregate_loss(
+        loss_BT, mask_BT, agg_mode, norm_constant=norm_constant, denominator=denominator
+    )
+    metrics = _clip_metrics(
+        ratio_BT, adv_BT, token_log_ratio_BT, dual_active_BT, mask_BT, low, high
+    )
+    return loss, metrics
+
+
+def _ratio(
+    logprobs_BT: Tensor, token_log_ratio_BT: Tensor, mask_BT: Tensor, ratio_level: str
+) -> Tensor:
+    """The importance ratio per token: the token's own, or (GSPO) its sequence's geometric
+    mean with the token's gradient (value ``s_i``, gradient ``s_i * grad logp_t``)."""
     if ratio_level == "sequence":
         seq_log_ratio_B = token_log_ratio_BT.sum(-1) / mask_BT.sum(-1).clamp(min=1)
         log_ratio_BT = seq_log_ratio_B.detach()[:, None] + logprobs_BT - logprobs_BT.detach()
         log_ratio_BT = torch.where(mask_BT, log_ratio_BT, 0.0)
     else:
         log_ratio_BT = token_log_ratio_BT
-    ratio_BT = torch.exp(log_ratio_BT.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    return torch.exp(log_ratio_BT.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
 
-    adv_BT = torch.where(mask_BT, advantages_BT, 0.0)
+
+def _clipped_token_loss(
+    ratio_BT: Tensor, adv_BT: Tensor, low: float, high: float, dual_clip: float | None
+) -> tuple[Tensor, Tensor]:
+    """Per-token PPO-clip loss (asymmetric clip, then dual clip for A < 0) and where the dual
+    clip bound."""
     unclipped_BT = -adv_BT * ratio_BT
     clipped_BT = -adv_BT * ratio_BT.clamp(1.0 - low, 1.0 + high)
     loss_BT = torch.maximum(unclipped_BT, clipped_BT)
-    dual_active_BT = torch.zeros_like(mask_BT)
+    dual_active_BT = torch.zeros_like(adv_BT, dtype=torch.bool)
     if dual_clip is not None:
         dual_bound_BT = -adv_BT * dual_clip
         dual_active_BT = (adv_BT < 0) & (dual_bound_BT < loss_BT)
         loss_BT = torch.where(dual_active_BT, dual_bound_BT, loss_BT)
-    if is_weights_BT is not None:
-        loss_BT = loss_BT * is_weights_BT.detach()
-    loss = aggregate_loss(
-        loss_BT, mask_BT, agg_mode, norm_constant=norm_constant, denominator=denominator
-    )
+    return loss_BT, dual_active_BT
 
-    with torch.no_grad():
-        clip_low_BT = (adv_BT < 0) & (ratio_BT < 1.0 - low)
-        clip_high_BT = (adv_BT > 0) & (ratio_BT > 1.0 + high)
-        metrics = {
-            "clipfrac_low": masked_mean(clip_low_BT.float(), mask_BT),
-            "clipfrac_high": masked_mean(clip_high_BT.float(), mask_BT),
-            "clipfrac": masked_mean((clip_low_BT | clip_high_BT).float(), mask_BT),
-            "dual_clipfrac": masked_mean(dual_active_BT.float(), mask_BT),
-            "approx_kl": masked_mean(_k3_from_log_ratio(token_log_ratio_BT), mask_BT),
-            "ratio_mean": masked_mean(ratio_BT, mask_BT),
-            "ratio_max": _masked_max(ratio_BT, mask_BT),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+
+@torch.no_grad()
+def _clip_metrics(
+    ratio_BT: Tensor,
+    adv_BT: Tensor,
+    token_log_ratio_BT: Tensor,
+    dual_active_BT: Tensor,
+    mask_BT: Tensor,
+    low: float,
+    high: float,
+) -> dict[str, Tensor]:
+    clip_low_BT = (adv_BT < 0) & (ratio_BT < 1.0 - low)
+    clip_high_BT = (adv_BT > 0) & (ratio_BT > 1.0 + high)
+    metrics = {
+        "clipfrac_low": masked_mean(clip_low_BT.float(), mask_BT),
+        "clipfrac_high": masked_mean(clip_high_BT.float(), mask_BT),
+        "clipfrac": masked_mean((clip_low_BT | clip_high_BT).float(), mask_BT),
+        "dual_clipfrac": masked_mean(dual_active_BT.float(), mask_BT),
+        "approx_kl": masked_mean(_k3_from_log_ratio(token_log_ratio_BT), mask_BT),
+        "ratio_mean": masked_mean(ratio_BT, mask_BT),
+        "ratio_max": _masked_max(ratio_BT, mask_BT),
+    }
+    return {k: v.detach() for k, v in metrics.items()}
 
 
 def tis_weights(
