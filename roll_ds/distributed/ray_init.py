@@ -77,13 +77,16 @@ def local_num_cpus(cfg: RLVRConfig) -> int:
     """
     from roll_ds.distributed.placement import plan_placement
     from roll_ds.distributed.resource_manager import role_specs_from_config
-    from roll_ds.platform import current_platform
+    from roll_ds.platform import decide_platform
 
     plan = plan_placement(
         role_specs_from_config(cfg),
         num_gpus_per_node=cfg.num_gpus_per_node,
         num_nodes=cfg.num_nodes,
-        device_resource=current_platform().ray_device_resource,
+        device_resource=decide_platform(
+            cfg.device
+        ).ray_device_resource,  # a local Ray: this machine
+        cpus_per_device=cfg.cpus_per_gpu or 1.0,
     )
     need = math.ceil(plan.total_cpus()) + 1  # +1: probes and the odd helper task
     return max(os.cpu_count() or 1, need)

@@ -5,6 +5,11 @@ One placement group per logical node, pinned to its Ray node with a bundle label
 devices. Before anything is created the plan is checked against ``ray.nodes()`` and
 ``ray.available_resources()``; ``pg.ready()`` is awaited with a bound. Either way an unsatisfiable
 placement raises ``PlacementError`` with the numbers instead of waiting forever.
+
+``from_config`` is where a run's device decision is made: from the config's ``device`` and the
+connected cluster's resources, not the driver's own torch (a CPU-only head drives GPU workers).
+The decision is installed for the driver (``roll_ds.platform.use_platform``) and handed to every
+device rank as ``ROLL_DS_DEVICE``.
 """
 
 from __future__ import annotations
@@ -29,16 +34,19 @@ from roll_ds.distributed.placement import (
     NodeInfo,
     RoleSpec,
     WorkerSlot,
+    cpus_per_gpu,
     format_plan,
     match_nodes,
     plan_placement,
 )
+from roll_ds.platform import BY_DEVICE, DEVICE_ENV, Platform, decide_platform, use_platform
 
 if TYPE_CHECKING:
     from roll_ds.config.schema import RLVRConfig
 
 NODE_ID_LABEL = "ray.io/node-id"
 VISIBLE_DEVICES_ENV = {"GPU": "CUDA_VISIBLE_DEVICES"}
+DEVICE_TYPES = {"GPU": "cuda", "CPU": "cpu"}  # Ray device resource -> ROLL_DS_DEVICE of its ranks
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,14 @@ def role_specs_from_config(cfg: RLVRConfig) -> dict[str, RoleSpec]:
     return specs
 
 
+def decide_run_platform(cfg: RLVRConfig) -> Platform:
+    """The run's platform from ``cfg.device`` and the connected Ray cluster's resources,
+    installed as the driver's ``current_platform()`` (the transport choice reads it there)."""
+    platform = decide_platform(cfg.device, ray.cluster_resources())
+    use_platform(platform)
+    return platform
+
+
 class ResourceManager:
     """Plans from plain parameters, reserves with ``reserve()``, hands out ``placements(role)``."""
 
@@ -85,6 +101,7 @@ class ResourceManager:
             device_resource = platform.ray_device_resource
             visible_devices_env = visible_devices_env or platform.visible_devices_env
         self.visible_devices_env = visible_devices_env or VISIBLE_DEVICES_ENV.get(device_resource)
+        self.platform: Platform | None = BY_DEVICE.get(DEVICE_TYPES.get(device_resource, ""))
         self.plan = plan_placement(
             roles,
             num_gpus_per_node=num_gpus_per_node,
@@ -101,6 +118,17 @@ class ResourceManager:
 
     @classmethod
     def from_config(cls, cfg: RLVRConfig, **kwargs: Any) -> ResourceManager:
+        """For ``cfg`` on the connected Ray cluster: decides the platform
+        (``decide_run_platform``) and, on GPUs, the CPUs per GPU bundle (``cfg.cpus_per_gpu``,
+        or ``placement.cpus_per_gpu`` of the cluster's GPU nodes)."""
+        platform = decide_run_platform(cfg)
+        kwargs.setdefault("device_resource", platform.ray_device_resource)
+        kwargs.setdefault("visible_devices_env", platform.visible_devices_env)
+        if platform.is_cuda and "cpus_per_device" not in kwargs:
+            nodes = [NodeInfo.from_ray(n) for n in ray.nodes()]
+            kwargs["cpus_per_device"] = cfg.cpus_per_gpu or cpus_per_gpu(
+                nodes, cfg.num_gpus_per_node, cfg.num_nodes
+            )
         return cls(
             role_specs_from_config(cfg),
             num_gpus_per_node=cfg.num_gpus_per_node,
@@ -146,6 +174,7 @@ class ResourceManager:
                     f"bundle(s) on node(s) {self.plan.nodes}, but only {free.get(key, 0.0):g} "
                     f"{key} are free in the Ray cluster (total "
                     f"{ray.cluster_resources().get(key, 0.0):g}); something else holds the rest"
+                    + ("; or lower cpus_per_gpu" if key == "CPU" else "")
                 )
 
     def _wait_ready(self) -> None:
@@ -227,7 +256,7 @@ class ResourceManager:
                 options["num_gpus"] = slot.device_share
             else:
                 options["resources"] = {resource: slot.device_share}
-        env: dict[str, str] = {}
+        env: dict[str, str] = {DEVICE_ENV: self.platform.device_type} if self.platform else {}
         if len(slot.devices) > 1 and self.visible_devices_env:
             # Ray exposes only the first bundle's device; Cluster sets the full list in the actor
             # before Worker.__init__ (CUDA reads it at its first use, not at import).

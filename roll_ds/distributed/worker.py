@@ -32,6 +32,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from roll_ds.distributed.devices import visible_gpu_uuids
 from roll_ds.distributed.dispatch import Dispatch, register
 from roll_ds.log_noise import quiet_warnings
 
@@ -78,13 +79,16 @@ class Worker:
         import ray
 
         ctx = ray.get_runtime_context()
+        accelerators = {k: v for k, v in ctx.get_accelerator_ids().items() if v}
         return {
             "rank": self.rank,
             "node_id": ctx.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "pid": os.getpid(),
-            "accelerator_ids": {k: v for k, v in ctx.get_accelerator_ids().items() if v},
+            "accelerator_ids": accelerators,
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            # the physical GPUs, in device-index order: Ray ids are per node and renumbered
+            "gpu_uuids": visible_gpu_uuids() if accelerators.get("GPU") else (),
             "num_threads": _torch_threads(),
         }
 

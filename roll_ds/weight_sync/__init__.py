@@ -11,8 +11,9 @@ see ``select.py``):
     collective    a broadcast group between train rank 0 and every vLLM worker, built apart from
                   the training world (gloo on CPU, NCCL on GPU), every op bounded by a timeout;
                   buckets stream: rank 0 holds one bucket at a time
-    cuda_ipc      colocated GPU workers: CUDA IPC handles of one reusable buffer, a gloo group
-                  for control (GPU only)
+    cuda_ipc      colocated GPU workers: each vLLM worker reads the buckets of the train rank on
+                  its own GPU (paired by GPU UUID; one group per GPU) through CUDA IPC handles of
+                  one reusable buffer, a gloo group for control (GPU only)
 
 Each transport is three classes registered under its name: the driver's ``Transport``
 (``TRANSPORTS``), actor_train rank 0's ``Sender`` (``SENDERS``) and each rollout worker's

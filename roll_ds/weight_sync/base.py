@@ -289,9 +289,11 @@ def sync_metrics(
 
 
 class Transport(ABC):
-    """Moves one sync's buckets from actor_train rank 0 into every rollout worker."""
+    """Moves one sync's buckets from actor_train (rank 0, or under ``cuda_ipc`` the rank on each
+    receiver's GPU) into every rollout worker."""
 
     name: ClassVar[str]
+    senders: tuple[int, ...] = (0,)  # the actor_train ranks that send (cuda_ipc: one per GPU)
 
     def __init__(
         self,
@@ -329,6 +331,7 @@ class Transport(ABC):
             self.bucket_bytes,
             rollout_dtype=self.rollout_dtype,
             adapter_only=self.adapter_only,
+            senders=self.senders,
         )
 
     def _wait(self, calls: Mapping[str, PendingCall], deadline: float) -> dict[str, list[Any]]:

@@ -1,6 +1,7 @@
 """``collective``: a broadcast group between actor_train rank 0 (group rank 0) and every vLLM
 worker (ranks 1..N), built apart from the training world (``group.py``: gloo on CPU, NCCL on GPU,
-every operation bounded by ``timeout_s``).
+every operation bounded by ``timeout_s``). ``cuda_ipc`` uses the same machinery with one group per
+GPU instead (``plan``): the train rank on that GPU and the vLLM workers on it.
 
 Wire protocol, per bucket: rank 0 broadcasts a header (pickled ``TensorMeta`` list and the
 buffer size: an int64 length, then the bytes), then the bucket's flat byte buffer; a ``None``
@@ -17,7 +18,8 @@ receive, and otherwise seats one member in its own process that feeds ``load_wei
 
 Driven by the driver (``CollectiveTransport``), the workers' calls are::
 
-    connect  train.weight_sync_open -> (host, port); infer.weight_sync_members -> counts;
+    connect  infer.weight_sync_members -> each member's GPU; the plan (which train rank sends
+             to which member); train.weight_sync_open -> (host, port) per sending rank;
              train.weight_sync_join and infer.weight_sync_join together (the rendezvous)
     sync     train.publish_weights and infer.receive_weights together (the stream)
     close    train.weight_sync_leave and infer.weight_sync_leave
@@ -46,11 +48,16 @@ from roll_ds.weight_sync.endpoint import (
     GroupMembers,
     NamedTensors,
     Receiver,
+    Seat,
     Sender,
     WeightReceiver,
     receives_in_engine_workers,
 )
 from roll_ds.weight_sync.group import GroupSpec, TransferGroup, open_store
+from roll_ds.weight_sync.select import Endpoint
+
+# sender train rank -> the members it sends to, as (rollout rank, member index), in group order
+Plan = dict[int, list[tuple[int, int]]]
 
 if TYPE_CHECKING:
     import torch
@@ -72,36 +79,47 @@ class CollectiveTransport(Transport):
 
             backend = current_platform().dist_backend
         self.backend = backend
-        self.spec: GroupSpec | None = None
+        self.groups: dict[int, GroupSpec] | None = None  # sender train rank -> its group
 
     def connect(self, train: Cluster, infer: Cluster) -> None:
-        """Train rank 0 opens a store; every rollout worker reports how many members it brings
-        (its vLLM workers); then all join at once (the group's rendezvous needs every member)."""
+        """Every rollout worker reports its members (its vLLM workers) and their GPUs; ``plan``
+        says which train rank sends to which member; each sending rank opens a store; then all
+        join at once (a group's rendezvous needs every member)."""
         deadline = time.monotonic() + self.timeout_s
-        opened = train.submit("weight_sync_open", self.name, self.timeout_s)
-        host, port = self._wait({train.name: opened}, deadline)[train.name]
-        counts = self._wait({infer.name: infer.submit("weight_sync_members", self.name)}, deadline)
-        counts = counts[infer.name]
-        offsets = [1 + sum(counts[:r]) for r in range(len(counts))]
-        spec = GroupSpec(
-            host=host,
-            port=port,
-            world_size=1 + sum(counts),
-            backend=self.backend,
-            timeout_s=self.timeout_s,
-            prefix=f"roll_ds/weight_sync/{uuid.uuid4().hex[:12]}",
-        )
+        devices = self._wait({infer.name: infer.submit("weight_sync_members", self.name)}, deadline)
+        devices = devices[infer.name]
+        plan = self.plan([Endpoint.of(info) for info in train.infos], devices)
+        opened = train.submit("weight_sync_open", self.name, self.timeout_s, sorted(plan))
+        addresses = self._wait({train.name: opened}, deadline)[train.name]
+        prefix = f"roll_ds/weight_sync/{uuid.uuid4().hex[:12]}"
+        specs = {
+            rank: GroupSpec(
+                host=addresses[rank][0],
+                port=addresses[rank][1],
+                world_size=1 + len(members),
+                backend=self.backend,
+                timeout_s=self.timeout_s,
+                prefix=f"{prefix}/{rank}",
+            )
+            for rank, members in plan.items()
+        }
+        seats = group_seats(plan, specs, [len(d) for d in devices])
         self._wait(
             {
-                train.name: train.submit("weight_sync_join", self.name, spec),
-                infer.name: infer.submit("weight_sync_join", self.name, spec, offsets),
+                train.name: train.submit("weight_sync_join", self.name, specs),
+                infer.name: infer.submit("weight_sync_join", self.name, seats),
             },
             deadline,
         )
-        self.spec = spec
+        self.groups, self.senders = specs, tuple(sorted(plan))
+
+    @staticmethod
+    def plan(train: list[Endpoint], devices: list[list[str | None]]) -> Plan:
+        """Train rank 0 sends to every member (``devices``: each rollout rank's members' GPUs)."""
+        return {0: [(i, m) for i, members in enumerate(devices) for m in range(len(members))]}
 
     def sync(self, train: Cluster, infer: Cluster) -> dict[str, float]:
-        if self.spec is None:
+        if self.groups is None:
             self.connect(train, infer)
         start = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
@@ -110,12 +128,13 @@ class CollectiveTransport(Transport):
             infer.name: infer.submit("receive_weights", self.name),
         }
         out = self._wait(calls, deadline)
-        return sync_metrics(time.perf_counter() - start, out[train.name][0], out[infer.name])
+        sent = next(stats for stats in out[train.name] if stats is not None)
+        return sync_metrics(time.perf_counter() - start, sent, out[infer.name])
 
     def close(self, train: Cluster, infer: Cluster) -> None:
-        if self.spec is None:
+        if self.groups is None:
             return
-        self.spec = None
+        self.groups, self.senders = None, (0,)
         deadline = time.monotonic() + self.timeout_s
         self._wait(
             {
@@ -124,6 +143,21 @@ class CollectiveTransport(Transport):
             },
             deadline,
         )
+
+
+def group_seats(
+    plan: Plan, specs: dict[int, GroupSpec], member_counts: list[int]
+) -> list[list[Seat]]:
+    """Each rollout rank's seats, one per member, from ``plan`` (group rank 0 is the sender);
+    raises naming a member no train rank sends to."""
+    seats: list[list[Seat | None]] = [[None] * n for n in member_counts]
+    for sender, members in plan.items():
+        for k, (rank, member) in enumerate(members):
+            seats[rank][member] = (specs[sender], 1 + k)
+    missing = [(r, m) for r, row in enumerate(seats) for m, seat in enumerate(row) if seat is None]
+    if missing:
+        raise ValueError(f"weight sync: no train rank sends to (rollout rank, member) {missing}")
+    return seats  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,13 +385,13 @@ class CollectiveReceiver(Receiver):
         in_engine = receives_in_engine_workers(strategy)  # then an EngineWorkersReceiver
         self.members: GroupMembers = strategy if in_engine else InProcessMember(strategy, device)
 
-    def member_count(self) -> int:
-        """Members this worker brings to the group."""
-        return self.members.transfer_group_members()
+    def member_devices(self) -> list[str | None]:
+        """The GPU (UUID; None on CPU) of each member this worker brings to the group."""
+        return self.members.transfer_group_devices()
 
-    def join(self, spec: GroupSpec, rank_offset: int) -> list[int]:
-        """Join with ranks from ``rank_offset`` on; returns the ranks taken."""
-        return self.members.join_transfer_group(self.plane, spec, rank_offset)
+    def join(self, seats: list[Seat]) -> list[int]:
+        """Member ``i`` joins ``seats[i]``; returns the ranks taken."""
+        return self.members.join_transfer_group(self.plane, seats)
 
     def receive(self) -> dict[str, Any]:
         return self.members.receive_from_group(self.plane)
@@ -375,12 +409,15 @@ class InProcessMember:
         self.strategy, self.device = strategy, device
         self.member = GroupMember()
 
-    def transfer_group_members(self) -> int:
-        return 1
+    def transfer_group_devices(self) -> list[str | None]:
+        from roll_ds.distributed.devices import uuid_of
 
-    def join_transfer_group(self, plane: str, spec: GroupSpec, rank_offset: int) -> list[int]:
-        self.member.join(spec, rank_offset, plane, device=self.device)
-        return [rank_offset]
+        return [uuid_of(self.device)]
+
+    def join_transfer_group(self, plane: str, seats: list[Seat]) -> list[int]:
+        ((spec, rank),) = seats
+        self.member.join(spec, rank, plane, device=self.device)
+        return [rank]
 
     def receive_from_group(self, plane: str) -> dict[str, Any]:
         return self.member.receive(self.strategy.load_weights, plane)

@@ -1,12 +1,19 @@
-"""``cuda_ipc``: colocated GPU workers read rank 0's buckets straight from its GPU memory.
+"""``cuda_ipc``: colocated GPU workers read the buckets from the train rank on their own GPU.
 
-Same group and header protocol as ``collective`` (a gloo group carries the headers), but the
-bucket bytes never travel: train rank 0 packs each bucket into one reusable GPU buffer exported
-once with ``torch.multiprocessing.reductions.reduce_tensor``; the header carries the handle and
-the buffer's GPU UUID; each receiver maps the buffer (once per export), copies the bucket out
-into its own memory and joins a barrier, after which rank 0 reuses the buffer for the next
-bucket. Receivers must see rank 0's GPU (colocated on the same device); otherwise the receive
-fails naming the missing GPU. GPU only.
+One group per shared GPU: the actor_train rank on it (group rank 0, the sender) and the vLLM
+workers on it, paired by GPU UUID (``plan``; Ray's GPU ids are per node and
+``CUDA_VISIBLE_DEVICES`` renumbers devices, so indices would pair the wrong processes). Every
+train rank gathers every bucket (ZeRO-3's ``GatheredParameters`` hands each rank the full
+tensors; under ZeRO 0-2 each rank holds them anyway), so each sender serves its own GPU: with
+actor_train and actor_infer both on GPUs 0-15 and tensor parallel 2, train rank ``g`` sends to
+the one vLLM worker on GPU ``g`` (engine ``g // 2``, TP rank ``g % 2``), and no byte leaves a GPU.
+
+Same header protocol as ``collective`` (a gloo group carries the headers), but the bucket bytes
+never travel: the sender packs each bucket into one reusable GPU buffer exported once with
+``torch.multiprocessing.reductions.reduce_tensor``; the header carries the handle and the
+buffer's GPU UUID; each receiver maps the buffer (once per export), copies the bucket into its
+own memory on that GPU, waits for the copy and joins a barrier, after which the sender reuses
+the buffer for the next bucket. GPU only.
 
 The worker-side ends are ``collective``'s with this module's data plane (``IpcPlane``).
 """
@@ -20,7 +27,9 @@ from roll_ds.weight_sync.collective import (
     CollectiveReceiver,
     CollectiveSender,
     CollectiveTransport,
+    Plan,
 )
+from roll_ds.weight_sync.select import Endpoint, train_rank_by_device
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +50,32 @@ class CudaIpcTransport(CollectiveTransport):
         kwargs["backend"] = "gloo"  # control messages only; the data is shared GPU memory
         super().__init__(**kwargs)
 
+    @staticmethod
+    def plan(train: list[Endpoint], devices: list[list[str | None]]) -> Plan:
+        return pair_by_gpu(train, devices)
+
+
+def pair_by_gpu(train: list[Endpoint], devices: list[list[str | None]]) -> Plan:
+    """Each member (``devices[rollout rank][member]``: the GPU UUID it receives on) paired with
+    the lowest actor_train rank on the same GPU: ``{train rank: [(rollout rank, member), ...]}``.
+    Raises naming every member whose GPU holds no train rank."""
+    by_gpu = train_rank_by_device(train)
+    plan: Plan = {}
+    lonely = []
+    for rank, members in enumerate(devices):
+        for member, gpu in enumerate(members):
+            if gpu is None or gpu not in by_gpu:
+                lonely.append(f"actor_infer rank {rank} worker {member} (GPU {gpu})")
+                continue
+            plan.setdefault(by_gpu[gpu], []).append((rank, member))
+    if lonely:
+        raise ValueError(
+            f"weight_sync.transport=cuda_ipc: {'; '.join(lonely)} share(s) no GPU with an "
+            f"actor_train rank (train GPUs: {sorted(by_gpu)}); use weight_sync.transport="
+            "collective for roles on separate GPUs"
+        )
+    return dict(sorted(plan.items()))
+
 
 class CudaIpcSender(CollectiveSender):
     name = "cuda_ipc"
@@ -53,22 +88,21 @@ class CudaIpcReceiver(CollectiveReceiver):
 
 
 def gpu_uuid(device_index: int) -> str:
-    import torch
+    from roll_ds.distributed.devices import device_uuid
 
-    return str(torch.cuda.get_device_properties(device_index).uuid)
+    return device_uuid(device_index)
 
 
 def device_index_of(uuid: str) -> int:
-    import torch
+    from roll_ds.distributed.devices import index_of_uuid
 
-    for i in range(torch.cuda.device_count()):
-        if gpu_uuid(i) == uuid:
-            return i
-    raise RuntimeError(
-        f"cuda_ipc: the trainer's GPU {uuid} is not visible to this worker (visible: "
-        f"{[gpu_uuid(i) for i in range(torch.cuda.device_count())]}); the roles are not "
-        "colocated, use weight_sync.transport=collective"
-    )
+    try:
+        return index_of_uuid(uuid)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"cuda_ipc: the sending train rank's GPU is not visible to this worker ({exc}); the "
+            "roles are not colocated, use weight_sync.transport=collective"
+        ) from None
 
 
 class IpcPlane:
@@ -80,7 +114,7 @@ class IpcPlane:
         self.uuid: str | None = None
         self._mapped: tuple[tuple, torch.Tensor] | None = None  # receiver: (handle, mapping)
 
-    # rank 0 ---------------------------------------------------------------------------------
+    # the sender --------------------------------------------------------------------------------
 
     def pack(self, bucket: Bucket, group: TransferGroup) -> tuple[Any, list, dict]:
         import torch
@@ -94,7 +128,8 @@ class IpcPlane:
             self.handle = tuple(args)
             self.uuid = gpu_uuid(device.index)
         packed, metas = pack_bucket(bucket, out=self.buffer)
-        torch.cuda.current_stream().synchronize()  # receivers read it from another process
+        # receivers read it from other processes: the packing must have landed
+        torch.cuda.current_stream(self.buffer.device).synchronize()
         return packed, metas, {"ipc": self.handle, "gpu_uuid": self.uuid}
 
     def push(self, buffer: torch.Tensor, group: TransferGroup, index: int) -> None:
@@ -111,8 +146,13 @@ class IpcPlane:
             args = list(handle)
             args[6] = device_index_of(header["gpu_uuid"])  # the device index as seen here
             self._mapped = (handle, rebuild_cuda_tensor(*args))
-        own = self._mapped[1][: header["nbytes"]].clone()  # rank 0 reuses its buffer
-        torch.cuda.current_stream().synchronize()
+        mapped = self._mapped[1]
+        # The copy runs on the mapped buffer's device (the sender's GPU, which is this worker's
+        # own when colocated) and must finish before the barrier lets the sender overwrite the
+        # buffer: wait on *that* device's stream, not on this process's current device's.
+        with torch.cuda.device(mapped.device):
+            own = mapped[: header["nbytes"]].clone()
+            torch.cuda.current_stream(mapped.device).synchronize()
         group.barrier(f"cuda_ipc copy of bucket {index}")
         return own
 

@@ -21,7 +21,7 @@ Light: importing this module imports neither torch nor Ray.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from roll_ds.weight_sync.group import GroupSpec
 
 NamedTensors = Iterator[tuple[str, "torch.Tensor"]]
+# One member's place in a weight-sync group: the group and its rank there. Under cuda_ipc the
+# workers of one tensor-parallel engine sit in different groups (one per GPU, each rooted at the
+# train rank on that GPU), so seats are per member.
+Seat = tuple["GroupSpec", int]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,12 +77,14 @@ class GroupMembers(Protocol):
     """The group side of a receiving strategy: the weight-sync group members it brings, joining,
     receiving one sync from the group into the served weights, leaving."""
 
-    def transfer_group_members(self) -> int:
-        """How many members it brings to a weight-sync group."""
+    def transfer_group_devices(self) -> list[str | None]:
+        """One entry per member it brings to a weight-sync group: the UUID of the GPU that
+        member receives on (None on CPU). ``cuda_ipc`` pairs each member with the train rank on
+        the same GPU by it."""
 
-    def join_transfer_group(self, plane: str, spec: GroupSpec, rank_offset: int) -> list[int]:
-        """Every member joins the group as ``rank_offset + its index`` (leaving any previous
-        group); returns the ranks taken."""
+    def join_transfer_group(self, plane: str, seats: Sequence[Seat]) -> list[int]:
+        """Member ``i`` joins ``seats[i]`` (leaving any previous group); returns the ranks
+        taken."""
 
     def receive_from_group(self, plane: str) -> dict[str, Any]:
         """Every member receives one sync from the group into one reload; afterwards the new

@@ -7,14 +7,26 @@ train rank 0 on a free port) + ``PrefixStore`` + a backend object: ``ProcessGrou
 ``ProcessGroupNCCL`` on GPU, each with ``timeout_s`` as its operation timeout. Every operation
 raises ``TransferError`` naming this member's rank on failure or timeout.
 
+NCCL and timeouts. By default torch's NCCL watchdog answers a timed-out collective by tearing the
+whole process down (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``): a trainer or vLLM worker would die
+with "Watchdog caught collective operation timeout" instead of raising. The weight-sync group is
+built in blocking-wait mode instead (``TORCH_NCCL_BLOCKING_WAIT=1``, read by torch only while the
+group is constructed, so the training world and vLLM's own groups keep their settings): ``wait()``
+then blocks for at most ``timeout_s``, aborts this group's communicator on timeout and raises,
+which becomes ``TransferError``. What the user sees: the sync fails with ``WeightSyncError``
+naming the ranks that failed or were still busy, every process stays alive (the run stops
+cleanly, checkpoints intact), and the aborted group is left by ``Transport.close``.
+
 What travels over it is ``collective.py``'s stream; ``GroupMember`` there is a process's seat.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -146,6 +158,26 @@ class TransferGroup:
         self._store = None
 
 
+# Read by ProcessGroupNCCL's constructor: wait() blocks at most the group's timeout, then aborts
+# the communicator and raises (with blocking wait on, torch turns async error handling off).
+NCCL_BLOCKING_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+
+
+@contextlib.contextmanager
+def scoped_env(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the duration, the previous values restored after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
 def _backend(spec: GroupSpec, store: Any, rank: int, device: Any) -> Any:
     import torch.distributed as dist
 
@@ -162,5 +194,6 @@ def _backend(spec: GroupSpec, store: Any, rank: int, device: Any) -> Any:
         torch.cuda.set_device(device)
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, spec.world_size, opts)
+        with scoped_env(NCCL_BLOCKING_ENV):  # a timeout raises here instead of killing us
+            return dist.ProcessGroupNCCL(store, rank, spec.world_size, opts)
     raise ValueError(f"unknown weight-sync backend {spec.backend!r}; valid: gloo, nccl")

@@ -6,36 +6,39 @@ A worker holds one end of a transport (``weight_sender`` / ``weight_receiver``),
 transport closes it and builds that one's). The methods only delegate to it; what is specific to
 a transport, or to a strategy, lives in the transport's ``Sender`` / ``Receiver``.
 
-    actor_train (ActorTrainWorker)             rollout workers (RolloutWorker)
-    publish_weights(transport, ...)    ALL     receive_weights(transport, *payload)        ALL
-    adapter_config()                   RANK0   enable_adapter_sync(config)                 ALL
-    weight_sync_open(transport, t)     RANK0   weight_sync_members(transport)              ALL
-    weight_sync_join(transport, spec)  RANK0   weight_sync_join(transport, spec, offsets)  ALL
-    weight_sync_leave()                RANK0   weight_sync_leave()                         ALL
+    actor_train (ActorTrainWorker)                 rollout workers (RolloutWorker)
+    publish_weights(transport, ..., senders) ALL   receive_weights(transport, *payload)   ALL
+    adapter_config()                       RANK0   enable_adapter_sync(config)            ALL
+    weight_sync_open(transport, t, senders)  ALL   weight_sync_members(transport)         ALL
+    weight_sync_join(transport, specs)       ALL   weight_sync_join(transport, seats)     ALL
+    weight_sync_leave()                      ALL   weight_sync_leave()                    ALL
 
 (``open`` / ``members`` / ``join`` only for the group transports, ``collective`` and
-``cuda_ipc``.)
+``cuda_ipc``.) ``senders``: the train ranks that send, rank 0 alone except under ``cuda_ipc``,
+where the train rank on each receiving GPU sends to the vLLM workers on that GPU; the other ranks
+only join the ZeRO-3 gathers.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from roll_ds.distributed.dispatch import Dispatch, register
 from roll_ds.weight_sync import RECEIVERS, SENDERS
 from roll_ds.weight_sync.base import Bucket, cast_buckets
 from roll_ds.weight_sync.collective import CollectiveReceiver, CollectiveSender
-from roll_ds.weight_sync.endpoint import AdapterReceiver, Receiver, Sender, WeightSource
+from roll_ds.weight_sync.endpoint import AdapterReceiver, Receiver, Seat, Sender, WeightSource
 
 if TYPE_CHECKING:
     from roll_ds.weight_sync.group import GroupSpec
 
 
 class SenderWorkerMixin:
-    """actor_train's side. Every rank gathers (ZeRO-3 gathers are collective); rank 0 holds the
-    ``Sender`` and sends."""
+    """actor_train's side. Every rank gathers (ZeRO-3 gathers are collective; under ZeRO 0-2
+    every rank holds the full weights anyway), so any rank can send: the ``senders`` hold a
+    ``Sender`` each."""
 
     strategy: Any  # a WeightSource; the Worker / StrategyWorker provide these
     rank: int
@@ -50,14 +53,15 @@ class SenderWorkerMixin:
         *,
         rollout_dtype: str | None = None,
         adapter_only: bool = False,
+        senders: Sequence[int] = (0,),
     ) -> dict[str, Any] | None:
         """Gather the full weights (``adapter_only``: the LoRA adapter alone) bucket by bucket
-        and send them by ``transport`` from rank 0; under ZeRO-3 the other ranks join every
-        bucket's gather. Rank 0 returns its send stats (``object_store``: with the bucket
-        references), the others None."""
+        and send them by ``transport`` from each rank in ``senders``; under ZeRO-3 the other
+        ranks join every bucket's gather. Senders return their send stats (``object_store``:
+        with the bucket references), the others None."""
         start = time.perf_counter()
         buckets = sync_buckets(self.strategy, bucket_bytes, adapter_only=adapter_only)
-        if self.rank != 0:
+        if self.rank not in senders:
             follow_gathers(self.strategy, buckets)
             return None
         stats = self._sender(transport).send(cast_buckets(buckets, rollout_dtype))
@@ -70,17 +74,25 @@ class SenderWorkerMixin:
         """The policy's LoRA config (``weight_sync.lora_sync: adapter``)."""
         return self.strategy.adapter_config()
 
-    @register(Dispatch.RANK0)
-    def weight_sync_open(self, transport: str, timeout_s: float) -> tuple[str, int]:
-        """Host ``transport``'s group store (leaving a previous group); returns its address."""
+    @register(Dispatch.ALL)
+    def weight_sync_open(
+        self, transport: str, timeout_s: float, senders: Sequence[int] = (0,)
+    ) -> tuple[str, int] | None:
+        """A rank in ``senders`` hosts a group store for ``transport`` (leaving a previous
+        group) and returns its address; the others leave any group and return None."""
+        if self.rank not in senders:
+            self.weight_sync_leave()
+            return None
         return self._group_sender(transport).open(timeout_s)
 
-    @register(Dispatch.RANK0)
-    def weight_sync_join(self, transport: str, spec: GroupSpec) -> None:
-        """Join the group ``weight_sync_open`` hosts as its rank 0 (the sender)."""
-        self._group_sender(transport).join(spec)
+    @register(Dispatch.ALL)
+    def weight_sync_join(self, transport: str, specs: Mapping[int, GroupSpec]) -> None:
+        """Join ``specs[own rank]``, the group this rank's ``weight_sync_open`` hosts, as its
+        rank 0 (the sender); a rank without a group does nothing."""
+        if self.rank in specs:
+            self._group_sender(transport).join(specs[self.rank])
 
-    @register(Dispatch.RANK0)
+    @register(Dispatch.ALL)
     def weight_sync_leave(self) -> None:
         sender, self.weight_sender = self.weight_sender, None
         if sender is not None:
@@ -128,14 +140,15 @@ class ReceiverWorkerMixin:
         self.strategy.enable_adapter_sync(config)
 
     @register(Dispatch.ALL)
-    def weight_sync_members(self, transport: str) -> int:
-        """Members this rank brings to ``transport``'s group (its vLLM workers)."""
-        return self._group_receiver(transport).member_count()
+    def weight_sync_members(self, transport: str) -> list[str | None]:
+        """The members this rank brings to ``transport``'s groups (its vLLM workers): the GPU
+        UUID each receives on (None on CPU)."""
+        return self._group_receiver(transport).member_devices()
 
     @register(Dispatch.ALL)
-    def weight_sync_join(self, transport: str, spec: GroupSpec, offsets: list[int]) -> list[int]:
-        """Join the group: this rank's members take ranks from ``offsets[rank]`` on."""
-        return self._group_receiver(transport).join(spec, offsets[self.rank])
+    def weight_sync_join(self, transport: str, seats: Sequence[Sequence[Seat]]) -> list[int]:
+        """Join the groups: member ``i`` of this rank takes ``seats[rank][i]``."""
+        return self._group_receiver(transport).join(list(seats[self.rank]))
 
     @register(Dispatch.ALL)
     def weight_sync_leave(self) -> None:
@@ -167,8 +180,8 @@ def sync_buckets(
 
 
 def follow_gathers(strategy: WeightSource, buckets: Iterator[Bucket]) -> None:
-    """A rank other than 0 sends nothing, but under ZeRO-3 every bucket's gather is a
-    collective it must join: walk the buckets."""
+    """A rank that does not send still must, under ZeRO-3, join every bucket's gather (a
+    collective): walk the buckets."""
     if getattr(strategy, "zero_stage", 3) == 3:
         for _ in buckets:
             pass

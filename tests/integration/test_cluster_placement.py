@@ -3,6 +3,9 @@
 Everything is asserted from the actors' own view: the node id Ray's runtime context reports and
 the GPU ids Ray assigned them (``get_accelerator_ids``, mirrored in CUDA_VISIBLE_DEVICES).
 One cluster for the module: each Ray start costs several seconds on a 2-core box.
+
+The simulated GPUs do not exist: the first test checks that the driver, whose own torch has no
+CUDA, still plans for the GPUs the cluster advertises (placement only; nothing touches CUDA).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import torch
 ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
 from ray.cluster_utils import Cluster as RayTestCluster  # noqa: E402
+from ray.util.placement_group import placement_group_table  # noqa: E402
 
+from roll_ds.config import load_config  # noqa: E402
 from roll_ds.distributed.batch import Batch  # noqa: E402
 from roll_ds.distributed.cluster import Cluster  # noqa: E402
 from roll_ds.distributed.dispatch import Dispatch, register  # noqa: E402
@@ -26,6 +31,8 @@ from roll_ds.distributed.placement import RoleSpec  # noqa: E402
 from roll_ds.distributed.ray_init import connect  # noqa: E402
 from roll_ds.distributed.resource_manager import ResourceManager  # noqa: E402
 from roll_ds.distributed.worker import Worker  # noqa: E402
+from roll_ds.platform import current_platform, use_platform  # noqa: E402
+from roll_ds.threads import role_threads  # noqa: E402
 
 pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors need not import this file
@@ -44,6 +51,7 @@ class Probe(Worker):
             "OMP_NUM_THREADS",
             "CUDA_VISIBLE_DEVICES",
             "ROLE_FLAG",
+            "ROLL_DS_DEVICE",
         )
         return {k: os.environ.get(k) for k in keys}
 
@@ -126,6 +134,59 @@ def placed(two_nodes):
     train.shutdown()
     infer.shutdown()
     rm.release()
+
+
+def test_driver_without_cuda_plans_for_the_clusters_gpus(two_nodes):
+    """A CPU-only driver (a KubeRay head, ``ray job submit``) on a cluster with GPUs: the plan is
+    GPU, its bundles ask for GPUs and get created, the ranks are told they run on CUDA, and the
+    driver's own transport choice reads CUDA. (Runs before ``placed`` holds the GPUs.)"""
+    assert not torch.cuda.is_available()
+    cfg = load_config(
+        "rlvr_lora_zero3",
+        [
+            "num_gpus_per_node=2",
+            "num_nodes=2",
+            "actor_train.device_mapping=[0,1,2,3]",
+            "actor_train.training_args.per_device_train_batch_size=8",
+            "actor_infer.device_mapping=[2,3]",
+            "actor_infer.num_gpus_per_worker=2",
+        ],
+        check_files=False,
+    )
+    assert cfg.device == "auto"
+    previous = use_platform(None)
+    try:
+        rm = ResourceManager.from_config(cfg, ready_timeout_s=30).reserve()
+        try:
+            assert current_platform().is_cuda and current_platform().dist_backend == "nccl"
+            assert rm.plan.device_resource == "GPU"
+            # each simulated node: 4 CPUs, 2 GPUs -> (4 - 1) // 2 = 1 CPU per GPU bundle
+            assert rm.plan.bundle_resources() == {"GPU": 1.0, "CPU": 1.0}
+            for node, pg in rm.placement_groups.items():
+                table = placement_group_table(pg)
+                assert table["state"] == "CREATED", (node, table)
+                assert list(table["bundles"].values()) == [{"GPU": 1.0, "CPU": 1.0}] * 2
+            train = rm.placements("actor_train")
+            assert [p.options["num_gpus"] for p in train] == [1.0, 1.0, 0.5, 0.5]  # 2, 3 shared
+            assert {p.env["ROLL_DS_DEVICE"] for p in train} == {"cuda"}
+            assert role_threads(cfg, on_cuda=True, plan=rm.plan)["actor_train"] == 1
+            # the decision reaches the rank: a 2-GPU rollout worker on node 1
+            infer = Cluster("actor_infer", Probe, rm, start_timeout_s=120)
+            try:
+                (env,) = infer.env()
+                assert env["ROLL_DS_DEVICE"] == "cuda"
+                assert sorted(env["CUDA_VISIBLE_DEVICES"].split(",")) == ["0", "1"]
+                assert infer.infos[0]["node_id"] == head_and_other(two_nodes)[1]
+            finally:
+                infer.shutdown()
+        finally:
+            rm.release()
+    finally:
+        use_platform(previous)
+    # Placement groups are removed asynchronously: the tests below need every GPU back.
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU", 0) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def head_and_other(two_nodes) -> tuple[str, str]:

@@ -6,7 +6,13 @@ import pytest
 
 from roll_ds.config import load_config
 from roll_ds.distributed.errors import PlacementError
-from roll_ds.distributed.placement import NodeInfo, RoleSpec, match_nodes, plan_placement
+from roll_ds.distributed.placement import (
+    NodeInfo,
+    RoleSpec,
+    cpus_per_gpu,
+    match_nodes,
+    plan_placement,
+)
 from roll_ds.distributed.resource_manager import role_specs_from_config
 
 
@@ -149,3 +155,31 @@ def test_too_few_cpus_is_refused_before_reserving():
         PlacementError, match=r"needs 4 CPUs \(2 device bundles x 1 \+ 2 for CPU-only"
     ):
         match_nodes(p, [node("a", cpus=3)])
+
+
+@pytest.mark.parametrize(
+    ("cpus", "gpus", "expected"),
+    [
+        (64, 8, 7.0),  # one CPU per node left for reward actors, probes and Ray
+        (96, 8, 11.0),
+        (16, 8, 1.0),
+        (4, 2, 1.0),
+        (8, 8, 1.0),  # 8 CPUs: 7/8 < 1 after headroom -> the exact share, no headroom
+        (6, 8, 0.75),
+    ],
+)
+def test_cpus_per_gpu_from_the_gpu_nodes(cpus, gpus, expected):
+    nodes = [node(n, f"10.0.0.{i}", gpus=gpus, cpus=cpus) for i, n in enumerate("ab", 2)]
+    assert cpus_per_gpu(nodes, gpus, num_nodes=2) == expected
+
+
+def test_cpus_per_gpu_ignores_the_cpu_head_and_unused_nodes():
+    nodes = [
+        node("head", "10.0.0.1", gpus=0, cpus=8, head=True),  # KubeRay's CPU-only head
+        node("a", "10.0.0.2", gpus=8, cpus=64),
+        node("b", "10.0.0.3", gpus=8, cpus=96),
+        node("c", "10.0.0.4", gpus=8, cpus=16),  # not among the 2 nodes placement uses
+    ]
+    assert cpus_per_gpu(nodes, 8, num_nodes=2) == 7.0
+    assert cpus_per_gpu(nodes, 8, num_nodes=3) == 1.0
+    assert cpus_per_gpu([nodes[0]], 8, num_nodes=1) == 1.0  # no GPU node: match_nodes reports it

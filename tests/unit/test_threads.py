@@ -44,3 +44,31 @@ def test_only_the_engines_node_counts():
         "actor_train.training_args.per_device_train_batch_size=8",
     )
     assert plan["actor_infer"] == 2  # node 1 holds slots 2 and 3
+
+
+def _gpu_plan(*overrides: str, cpus_per_gpu: float = 7.0) -> dict:
+    from roll_ds.distributed.placement import plan_placement
+    from roll_ds.distributed.resource_manager import role_specs_from_config
+
+    cfg = load_config("rlvr_qwen2.5_7b_lora_zero3_16gpu", list(overrides), check_files=False)
+    plan = plan_placement(
+        role_specs_from_config(cfg),
+        num_gpus_per_node=cfg.num_gpus_per_node,
+        num_nodes=cfg.num_nodes,
+        cpus_per_device=cpus_per_gpu,
+    )
+    return role_threads(cfg, on_cuda=True, plan=plan)
+
+
+def test_gpu_ranks_compute_with_their_bundles_cpus():
+    # 64-CPU 8-GPU nodes: 7 CPUs per GPU bundle. Train and rollout take turns on each GPU, so
+    # the trainer's CPU Adam (ZeRO-3 offload) gets all 7, not the one thread it had.
+    plan = _gpu_plan()
+    assert (plan["actor_train"], plan["actor_infer"], plan["rewards.math"]) == (7, 7, None)
+    assert _gpu_plan("actor_train.num_threads=4")["actor_train"] == 4
+
+
+def test_gpu_ranks_split_the_bundle_when_generation_overlaps_training():
+    plan = _gpu_plan("async_generation.max_staleness=1")
+    assert plan["actor_train"] == plan["actor_infer"] == 3  # half of 7 each
+    assert _gpu_plan(cpus_per_gpu=0.5)["actor_train"] == 1

@@ -265,7 +265,7 @@ def test_from_worker_config_flattens_an_omegaconf_role(monkeypatch):
     finally:
         current_platform.cache_clear()
     assert strategy.model_path == "/models/x" and strategy.dtype == "bf16"
-    assert strategy.tensor_parallel_size == 1  # CPU: one engine process, whatever the slots
+    assert strategy.tensor_parallel_size == 2  # the worker's devices (CPU slots here): TP size
     assert strategy.strategy_config == {"enforce_eager": True}
     assert type(strategy.strategy_config) is dict
     assert strategy.generating_args.max_new_tokens == 32  # null -> response_length

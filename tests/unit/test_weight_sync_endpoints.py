@@ -22,8 +22,10 @@ from roll_ds.weight_sync.collective import (  # noqa: E402
     BroadcastPlane,
     CollectiveReceiver,
     CollectiveSender,
+    CollectiveTransport,
     GroupMember,
     InProcessMember,
+    group_seats,
 )
 from roll_ds.weight_sync.cuda_ipc import CudaIpcSender  # noqa: E402
 from roll_ds.weight_sync.endpoint import (  # noqa: E402
@@ -106,13 +108,14 @@ class FakeEngine(FakeRollout):
     def load_weights(self, named_tensors) -> dict[str, Any]:
         raise AssertionError("a group sync must reach the engine workers, not this process")
 
-    def transfer_group_members(self) -> int:
-        return len(self.seats)
+    def transfer_group_devices(self) -> list[str | None]:
+        return [None] * len(self.seats)
 
-    def join_transfer_group(self, plane: str, spec: GroupSpec, rank_offset: int) -> list[int]:
+    def join_transfer_group(self, plane: str, seats) -> list[int]:
         def join(i):
-            self.seats[i].join(spec, rank_offset + i, plane, device="cpu")
-            return rank_offset + i
+            spec, rank = seats[i]
+            self.seats[i].join(spec, rank, plane, device="cpu")
+            return rank
 
         out = all_ok(run_members({i: lambda i=i: join(i) for i in range(len(self.seats))}))
         return [out[i] for i in range(len(self.seats))]
@@ -172,9 +175,9 @@ def test_workers_keep_their_dispatch_modes():
     train = {
         "publish_weights": Dispatch.ALL,
         "adapter_config": Dispatch.RANK0,
-        "weight_sync_open": Dispatch.RANK0,
-        "weight_sync_join": Dispatch.RANK0,
-        "weight_sync_leave": Dispatch.RANK0,
+        "weight_sync_open": Dispatch.ALL,
+        "weight_sync_join": Dispatch.ALL,
+        "weight_sync_leave": Dispatch.ALL,
     }
     rollout = {
         "receive_weights": Dispatch.ALL,
@@ -198,7 +201,8 @@ def test_receivers_pick_the_path_by_what_the_strategy_declares():
     assert not receives_in_engine_workers(local) and receives_in_engine_workers(engine)
     assert isinstance(CollectiveReceiver(local, device="cpu").members, InProcessMember)
     assert CollectiveReceiver(engine, device="cpu").members is engine
-    assert CollectiveReceiver(engine, device="cpu").member_count() == 2
+    assert CollectiveReceiver(engine, device="cpu").member_devices() == [None, None]
+    assert CollectiveReceiver(local, device="cpu").member_devices() == [None]  # CPU: no GPU
 
 
 def test_vllm_strategy_declares_engine_worker_receiving():
@@ -220,16 +224,19 @@ def test_adapter_sync_needs_a_strategy_that_serves_adapters():
 
 
 def connect(train: TrainRank, infer: RolloutRank, transport: str = "collective") -> list[int]:
-    """What ``CollectiveTransport.connect`` asks of the workers (one rollout rank)."""
-    host, port = train.weight_sync_open(transport, TIMEOUT_S)
-    members = infer.weight_sync_members(transport)
+    """What ``CollectiveTransport.connect`` asks of the workers (one rollout rank, train rank 0
+    sending to all its members)."""
+    devices = [infer.weight_sync_members(transport)]
+    plan = CollectiveTransport.plan([], devices)
+    host, port = train.weight_sync_open(transport, TIMEOUT_S, sorted(plan))
     prefix = f"test/{time.monotonic_ns()}"
-    spec = GroupSpec(host, port, 1 + members, "gloo", TIMEOUT_S, prefix)
+    specs = {0: GroupSpec(host, port, 1 + len(devices[0]), "gloo", TIMEOUT_S, prefix)}
+    seats = group_seats(plan, specs, [len(devices[0])])
     out = all_ok(
         run_members(
             {
-                0: lambda: train.weight_sync_join(transport, spec),
-                1: lambda: infer.weight_sync_join(transport, spec, [1]),
+                0: lambda: train.weight_sync_join(transport, specs),
+                1: lambda: infer.weight_sync_join(transport, seats),
             }
         )
     )
@@ -270,6 +277,48 @@ def test_other_train_ranks_send_nothing_but_join_zero3_gathers(zero_stage, walke
     source = FakeSource(zero_stage)
     assert TrainRank(source, rank=1).publish_weights("collective", 1 << 20) is None
     assert source.walked == walked
+    assert TrainRank(source, rank=1).weight_sync_open("collective", TIMEOUT_S) is None
+    TrainRank(source, rank=1).weight_sync_join("collective", {})  # no group of its own
+
+
+def test_a_second_train_rank_sends_to_its_own_group():
+    """cuda_ipc's shape with the broadcast plane on CPU: train rank 1 is a sender (senders=(1,))
+    and streams the same buckets to the member paired with it."""
+    source, strategy = FakeSource(zero_stage=2), FakeEngine(workers=1)
+    train, infer = TrainRank(source, rank=1), RolloutRank(strategy)
+    host, port = train.weight_sync_open("collective", TIMEOUT_S, [1])
+    specs = {1: GroupSpec(host, port, 2, "gloo", TIMEOUT_S, f"test/{time.monotonic_ns()}")}
+    seats = group_seats({1: [(0, 0)]}, specs, [1])
+    all_ok(
+        run_members(
+            {
+                0: lambda: train.weight_sync_join("collective", specs),
+                1: lambda: infer.weight_sync_join("collective", seats),
+            }
+        )
+    )
+    out = all_ok(
+        run_members(
+            {
+                0: lambda: train.publish_weights("collective", 1 << 20, senders=(1,)),
+                1: lambda: infer.receive_weights("collective"),
+            }
+        )
+    )
+    assert out[0]["buckets"] == 2 and out[1]["received_buckets"] == 2
+    assert [n for n, _ in strategy.per_worker[0]] == [n for b in buckets() for n, _ in b]
+    train.weight_sync_leave()
+    infer.weight_sync_leave()
+
+
+def test_group_seats_give_each_member_its_sender_group_and_name_the_unserved():
+    specs = {r: GroupSpec("h", 1, 3, "gloo", 1.0, f"p/{r}") for r in (0, 1)}
+    seats = group_seats({0: [(0, 0), (1, 0)], 1: [(0, 1), (1, 1)]}, specs, [2, 2])
+    assert seats == [[(specs[0], 1), (specs[1], 1)], [(specs[0], 2), (specs[1], 2)]]
+    with pytest.raises(
+        ValueError, match=r"no train rank sends to \(rollout rank, member\) \[\(1, 0\)\]"
+    ):
+        group_seats({0: [(0, 0)]}, specs, [1, 1])
 
 
 def test_adapter_only_publishes_the_adapter_buckets():
@@ -285,7 +334,7 @@ def test_group_calls_out_of_order_or_on_the_wrong_transport_fail_clearly():
         train.publish_weights("collective", 1 << 20)
     spec = GroupSpec("127.0.0.1", 1, 2, "gloo", 1.0, "test/x")
     with pytest.raises(RuntimeError, match="weight_sync_join before weight_sync_open"):
-        train.weight_sync_join("collective", spec)
+        train.weight_sync_join("collective", {0: spec})
     with pytest.raises(ValueError, match="'object_store' builds no group"):
         train.weight_sync_open("object_store", 1.0)
     with pytest.raises(ValueError, match="unknown weight-sync receiver 'rdma'; valid: collective"):

@@ -30,6 +30,7 @@ from roll_ds.weight_sync.collective import (  # noqa: E402
     receive_into,
     send_stream,
 )
+from roll_ds.weight_sync.cuda_ipc import pair_by_gpu  # noqa: E402
 from roll_ds.weight_sync.group import GroupSpec, TransferGroup, open_store  # noqa: E402
 from roll_ds.weight_sync.object_store import decode_bucket  # noqa: E402
 from roll_ds.weight_sync.parity import (  # noqa: E402
@@ -151,39 +152,120 @@ def test_cast_buckets_keeps_aliases_and_rejects_unknown_dtypes():
         list(cast_buckets([sample_bucket()], "fp8"))
 
 
-# --- auto choice ------------------------------------------------------------------------------
-
-A, B = Endpoint("node-a", ("0",)), Endpoint("node-b", ("0",))
-
-
-@pytest.mark.parametrize(
-    ("is_cuda", "receivers", "expected"),
-    [
-        (False, [Endpoint("node-a")], "object_store"),
-        (False, [Endpoint("node-a"), Endpoint("node-b")], "collective"),
-        (True, [Endpoint("node-a", ("0", "1"))], "cuda_ipc"),  # shares rank 0's GPU
-        (True, [Endpoint("node-a", ("1",))], "collective"),  # same node, other GPU
-        (True, [B], "collective"),  # GPU id 0 of another node is another GPU
-    ],
-)
-def test_auto_choice(is_cuda, receivers, expected):
-    sender = A if is_cuda else Endpoint("node-a")
-    name, why = choose_transport("auto", is_cuda=is_cuda, sender=sender, receivers=receivers)
-    assert name == expected and why
+# --- transport choice -------------------------------------------------------------------------
+# Endpoint fixtures: Ray GPU ids are per node (every node has a GPU "0"), UUIDs are global.
 
 
-def test_named_transport_is_kept_and_cuda_ipc_needs_cuda():
-    assert choose_transport("collective", is_cuda=False, sender=A, receivers=[A])[0] == "collective"
+def gpu(g: int) -> str:
+    return f"gpu-uuid-{g:02d}"
+
+
+def train_ranks(gpus: range, per_node: int = 8) -> list[Endpoint]:
+    """One actor_train rank per global GPU id."""
+    return [Endpoint(f"node-{g // per_node}", (str(g % per_node),), (gpu(g),)) for g in gpus]
+
+
+def engines(gpus: range, tp: int, per_node: int = 8) -> list[Endpoint]:
+    """One rollout worker per ``tp`` consecutive GPUs; Ray reports only its first bundle's id,
+    its processes see all ``tp`` (TP worker i on the i-th)."""
+    out = []
+    for first in list(gpus)[::tp]:
+        node = f"node-{first // per_node}"
+        out.append(
+            Endpoint(node, (str(first % per_node),), tuple(gpu(first + i) for i in range(tp)))
+        )
+    return out
+
+
+def choose(requested, senders, receivers, is_cuda=True):
+    return choose_transport(requested, is_cuda=is_cuda, senders=senders, receivers=receivers)
+
+
+def test_16_gpu_colocated_layout_reads_from_the_train_rank_on_each_gpu():
+    """The shipped two-node example: actor_train and actor_infer on GPUs 0-15, TP=2 engines."""
+    train, infer = train_ranks(range(16)), engines(range(16), tp=2)
+    assert choose("auto", train, infer)[0] == "cuda_ipc"
+    assert choose("cuda_ipc", train, infer)[0] == "cuda_ipc"
+    with pytest.raises(ValueError, match=r"weight_sync\.transport=collective") as err:
+        choose("collective", train, infer)  # engine 0's worker 0 sits on train rank 0's GPU
+    assert "Duplicate GPU detected" in str(err.value) and "cuda_ipc" in str(err.value)
+    # each vLLM worker is paired with the train rank on its own GPU: rank g -> engine g//2, TP g%2
+    plan = pair_by_gpu(train, [list(e.uuids) for e in infer])
+    assert plan == {g: [(g // 2, g % 2)] for g in range(16)}
+
+
+def test_separate_gpus_use_nccl_and_refuse_cuda_ipc():
+    train, infer = train_ranks(range(8)), engines(range(8, 16), tp=2)
+    assert choose("auto", train, infer)[0] == "collective"
+    with pytest.raises(ValueError, match=r"cuda_ipc: actor_infer rank 0 .*hold.* no actor_train"):
+        choose("cuda_ipc", train, infer)
+    with pytest.raises(ValueError, match=r"actor_infer rank 0 worker 0 \(GPU gpu-uuid-08\)"):
+        pair_by_gpu(train, [list(e.uuids) for e in infer])
+
+
+def test_partial_overlap_is_refused_by_auto_naming_both_sides():
+    train, infer = train_ranks(range(8)), engines(range(4, 12), tp=2)  # engines 0-1 shared
+    with pytest.raises(ValueError, match="transport=auto") as err:
+        choose("auto", train, infer)
+    text = str(err.value)
+    assert "rank(s) [0, 1] share GPUs" in text and "actor_infer rank 2 (GPU gpu-uuid-08" in text
+    assert "object_store" in text
+    # rank 0's GPU (0) holds no receiver: an NCCL group from rank 0 is legal, if named
+    assert choose("collective", train, infer)[0] == "collective"
+    assert choose("object_store", train, infer)[0] == "object_store"
+    with pytest.raises(ValueError, match="cuda_ipc"):
+        choose("cuda_ipc", train, infer)
+
+
+def test_collective_is_refused_only_where_a_receiver_shares_the_senders_gpu():
+    train, infer = train_ranks(range(4)), engines(range(8), tp=2)
+    with pytest.raises(
+        ValueError, match=r"actor_infer rank\(s\) \[0\] use the GPU of actor_train rank 0"
+    ):
+        choose("collective", train, infer)
+
+
+def test_same_ray_gpu_id_on_another_node_is_another_gpu():
+    train = [Endpoint("node-a", ("0",), (gpu(0),))]
+    infer = [Endpoint("node-b", ("0",), (gpu(8),))]
+    assert choose("auto", train, infer)[0] == "collective"
+
+
+def test_cpu_choice_and_cuda_ipc_needs_cuda():
+    a, b = Endpoint("node-a"), Endpoint("node-b")
+    assert choose("auto", [a], [a], is_cuda=False)[0] == "object_store"
+    assert choose("auto", [a], [a, b], is_cuda=False)[0] == "collective"
+    assert choose("collective", [a], [a], is_cuda=False)[0] == "collective"  # gloo shares CPUs
     with pytest.raises(ValueError, match="cuda_ipc needs CUDA"):
-        choose_transport("cuda_ipc", is_cuda=False, sender=A, receivers=[A])
+        choose("cuda_ipc", [a], [a], is_cuda=False)
     with pytest.raises(ValueError, match="valid: auto"):
-        choose_transport("ipc", is_cuda=True, sender=A, receivers=[A])
+        choose("ipc", [a], [a])
+
+
+def test_config_validation_refuses_nccl_on_shared_gpus_before_any_actor_starts():
+    from roll_ds.config import ConfigError, load_config
+
+    example = "rlvr_qwen2.5_7b_lora_zero3_16gpu"
+    load_config(example, ["device=cuda"], check_files=False)  # auto: cuda_ipc, no problem
+    with pytest.raises(ConfigError, match=r"weight_sync\.transport=collective: actor_infer"):
+        load_config(example, ["device=cuda", "weight_sync.transport=collective"], check_files=False)
+    train_0_7 = ["device=cuda", "actor_train.device_mapping=0-7"]
+    load_config(example, [*train_0_7, "actor_infer.device_mapping=8-15"], check_files=False)
+    partial = [*train_0_7, "actor_infer.device_mapping=4-11"]
+    with pytest.raises(ConfigError, match=r"transport=auto: actor_infer rank\(s\) \[0, 1\] share"):
+        load_config(example, partial, check_files=False)
+    # device auto: the ids may be CPU slots; build_transport checks by GPU UUID once placed
+    load_config(example, ["weight_sync.transport=collective"], check_files=False)
 
 
 def test_endpoint_from_cluster_info():
-    info = {"node_id": "n1", "accelerator_ids": {"GPU": [3, 4]}}
-    assert Endpoint.of(info) == Endpoint("n1", ("3", "4"))
+    info = {"node_id": "n1", "accelerator_ids": {"GPU": [3]}, "gpu_uuids": ["GPU-AB12", "cd34"]}
+    endpoint = Endpoint.of(info)
+    assert endpoint == Endpoint("n1", ("3",), ("ab12", "cd34"))
+    assert endpoint.devices == ("ab12", "cd34")  # NVML's and torch's spellings agree
     assert Endpoint.of({"node_id": "n1", "accelerator_ids": {}}) == Endpoint("n1", ())
+    # without UUIDs (a worker that could not read them): node-qualified Ray ids
+    assert Endpoint("n1", ("3",)).devices == ("n1/gpu3",)
 
 
 # --- parity -----------------------------------------------------------------------------------

@@ -1,0 +1,436 @@
+"""Colocation memory choreography: which role holds device memory in which phase of a step.
+
+When the trainer roles (``actor_train``, and ``reference`` / ``critic`` where they share the
+devices) and the vLLM rollout engines (``actor_infer``) share GPUs, only one side holds its
+states on the GPU at a time:
+
+    start     the engines start first and profile a GPU nobody else touches (vLLM measures
+              its KV cache from the device's free memory, so a trainer loading beside it
+              shrinks the cache or trips vLLM's profiling assertion), then sleep; then the
+              trainers start. (OpenRLHF does the same: ``create_vllm_engines`` sleeps them
+              before the actor loads.)
+    sync      the sender (actor_train) loaded, the engines' weights woken, KV cache still
+              asleep: the gathered buckets and vLLM's weights fit beside the trainer
+    generate  the trainers offloaded, the engines fully awake (KV cache re-allocated after the
+              trainer left): rollouts, evaluation, the engines' half of the parity probe
+    train     the engines asleep (``sleep_level`` 1: weights to host memory, KV cache freed;
+              2: both freed, the next sync refills the weights), the trainers loaded:
+              log-probs, training, checkpoints, export
+
+The pipeline says which phase it is about to enter (``Choreography.enter``); the choreography
+makes only the transitions that phase needs, frees before it allocates, runs the transitions
+of one kind on all roles at once, and records every transition in ``trace`` (role, action,
+step). Orders that would serve or overwrite the wrong memory raise: a weight sync into sleeping
+weights (``synced`` outside the sync phase), generating with weights that a level-2 sleep
+discarded and no sync refilled, entering a phase before the roles started.
+
+``colocation.offload``: ``auto`` manages roles that share a GPU with an engine (on CPU machines
+nothing is shared: device ids are CPU slots in one host memory, so nothing happens and roles
+start at once, as before); ``always`` manages every model role whatever the placement (on CPU
+the calls are no-ops that still track state: tests check the order there); ``never`` manages
+nothing (engines still start before the trainers that share their GPUs: a static split where
+vLLM keeps ``gpu_memory_utilization`` and the trainer gets the rest). Under
+``async_generation`` generation overlaps training, so ``auto`` offloads nothing (the static
+split) and ``always`` is refused.
+
+This module imports neither torch nor Ray: validation imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from roll_ds.config.device_mapping import DeviceMappingError, parse_device_mapping
+from roll_ds.config.estimators import needs_critic
+from roll_ds.config.ranges import OneOf, field_problems
+
+if TYPE_CHECKING:
+    from roll_ds.config.schema import RLVRConfig
+
+logger = logging.getLogger(__name__)
+
+OFFLOAD_MODES = ("auto", "always", "never")
+SLEEP_LEVELS = (1, 2)
+TRAIN, SYNC, GENERATE = "train", "sync", "generate"
+PHASES = (TRAIN, SYNC, GENERATE)
+SENDER = "actor_train"  # the role whose weights a sync gathers: loaded in the sync phase
+ENGINE_STRATEGIES = ("vllm",)  # rollout backends with a sleep mode (weights / kv_cache tags)
+MODEL_ROLES = ("actor_train", "actor_infer", "reference", "critic")
+WEIGHTS, KV_CACHE = "weights", "kv_cache"
+ALL_TAGS = frozenset((WEIGHTS, KV_CACHE))
+# What each phase needs: (trainers that hold their states, tags the engines hold).
+_NEEDS: dict[str, tuple[Callable[[str], bool], frozenset[str]]] = {
+    TRAIN: (lambda role: True, frozenset()),
+    SYNC: (lambda role: role == SENDER, frozenset((WEIGHTS,))),
+    GENERATE: (lambda role: False, ALL_TAGS),
+}
+TRACE_FILE = "colocation_trace.jsonl"
+
+# --- config --------------------------------------------------------------------------------
+
+
+def colocation_problems(cfg: RLVRConfig) -> list[str]:
+    """``colocation``'s problems, each naming the field and the fix (validate.py calls this)."""
+    col = cfg.colocation
+    rules = {"offload": OneOf(OFFLOAD_MODES), "sleep_level": OneOf(SLEEP_LEVELS)}
+    problems = field_problems("colocation", col, rules)
+    if col.sleep_level == 2 and cfg.weight_sync.lora_sync == "adapter":
+        problems.append(
+            "colocation.sleep_level: 2 discards vLLM's base weights, which adapter syncs "
+            "(weight_sync.lora_sync=adapter) never resend; use colocation.sleep_level=1 or "
+            "weight_sync.lora_sync=merged"
+        )
+    if col.offload == "always" and cfg.async_generation.max_staleness > 0:
+        problems.append(
+            "colocation.offload: always offloads the trainer while the engines generate, but "
+            f"async_generation.max_staleness={cfg.async_generation.max_staleness} generates "
+            "while the trainer trains; use colocation.offload=auto (under async nothing is "
+            "offloaded: vLLM keeps its gpu_memory_utilization, the trainer the rest) or "
+            "async_generation.max_staleness=0"
+        )
+    infer = cfg.actor_infer.strategy_args
+    if col.offload == "always" and infer.strategy_name not in ENGINE_STRATEGIES:
+        problems.append(
+            f"colocation.offload: always sleeps the rollout engines, which needs "
+            f"actor_infer.strategy_args.strategy_name in {ENGINE_STRATEGIES} (got "
+            f"{infer.strategy_name!r}); use colocation.offload=auto or never"
+        )
+    if col.offload != "never" and _get(infer.strategy_config, "enable_sleep_mode") is False:
+        problems.append(
+            f"actor_infer.strategy_args.strategy_config.enable_sleep_mode: false, but "
+            f"colocation.offload={col.offload} sleeps the engines where they share GPUs with "
+            "the trainer; remove enable_sleep_mode or set colocation.offload=never"
+        )
+    return problems
+
+
+def _get(mapping: Any, key: str) -> Any:
+    try:
+        return mapping.get(key) if mapping is not None else None
+    except AttributeError:
+        return None
+
+
+# --- the plan: who is managed (pure) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ColocationPlan:
+    """Which roles the choreography manages, decided once from the config and placement."""
+
+    engines: tuple[str, ...] = ()  # slept while the trainers compute
+    trainers: tuple[str, ...] = ()  # offloaded while the engines generate
+    late_start: tuple[str, ...] = ()  # start after the engines (they share the engines' GPUs)
+    sleep_level: int = 1
+    notes: tuple[str, ...] = ()  # what was decided and why (logged at start)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.engines)
+
+    def start_stages(self, roles: Iterable[str]) -> list[list[str]]:
+        """The roles in start order: everything else (with the engines) first, then the roles
+        that share the engines' GPUs. One stage (all at once) when nothing is shared."""
+        roles = list(roles)
+        early = [r for r in roles if r not in self.late_start]
+        late = [r for r in roles if r in self.late_start]
+        return [stage for stage in (early, late) if stage]
+
+
+def plan_colocation(cfg: RLVRConfig, device_resource: str) -> ColocationPlan:
+    """The plan for ``cfg`` on devices of Ray resource ``device_resource`` ("GPU" or "CPU")."""
+    col = cfg.colocation
+    roles = {name: getattr(cfg, name) for name in MODEL_ROLES if getattr(cfg, name) is not None}
+    if "critic" in roles and not needs_critic(cfg.algorithm.adv_estimator):
+        del roles["critic"]
+    if cfg.actor_infer.strategy_args.strategy_name not in ENGINE_STRATEGIES:
+        return ColocationPlan(sleep_level=col.sleep_level)  # no sleep mode to manage
+    engines = ["actor_infer"]
+    others = [n for n in roles if n not in engines]
+    if col.offload == "always":
+        late = tuple(others)
+    elif device_resource == "GPU":
+        engine_devices = set().union(*(_devices(roles[e]) for e in engines))
+        late = tuple(n for n in others if _devices(roles[n]) & engine_devices)
+    else:  # CPU slots are one host memory: nothing to free, nothing to order
+        late = ()
+    if not late:
+        return ColocationPlan(sleep_level=col.sleep_level)
+    shared = f"{', '.join(late)} share{'s' if len(late) == 1 else ''} devices with {engines[0]}"
+    if col.offload == "never" or cfg.async_generation.max_staleness > 0:
+        why = (
+            "colocation.offload=never"
+            if col.offload == "never"
+            else f"async_generation.max_staleness={cfg.async_generation.max_staleness} "
+            "overlaps generation with training"
+        )
+        note = (
+            f"{shared}: nothing is offloaded ({why}); {engines[0]} starts first and keeps its "
+            "gpu_memory_utilization for the whole run, the trainers must fit in the rest"
+        )
+        return ColocationPlan(late_start=late, sleep_level=col.sleep_level, notes=(note,))
+    note = (
+        f"{shared}: {engines[0]} starts first, sleeps (level {col.sleep_level}) while they "
+        "compute; they are offloaded while it generates"
+    )
+    return ColocationPlan(
+        engines=tuple(engines),
+        trainers=late,
+        late_start=late,
+        sleep_level=col.sleep_level,
+        notes=(note,),
+    )
+
+
+def _devices(role: Any) -> set[int]:
+    try:
+        return set(parse_device_mapping(role.device_mapping))
+    except DeviceMappingError:  # validation reports it
+        return set()
+
+
+# --- transitions (pure) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One call on every rank of ``role``: ``method(**kwargs)`` of its workers."""
+
+    role: str
+    action: str  # offload | reload | sleep | wake | wake_weights | wake_kv_cache
+    method: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ColocationState:
+    """What each managed role holds on its devices now."""
+
+    loaded: dict[str, bool]  # trainer -> its states are on the device
+    awake: dict[str, frozenset[str]]  # engine -> the sleep tags it holds
+    discarded: set[str] = field(default_factory=set)  # engines whose weights a level-2 sleep
+    # dropped and no sync has refilled since
+
+    @classmethod
+    def started(cls, plan: ColocationPlan) -> ColocationState:
+        return cls(
+            loaded={t: True for t in plan.trainers}, awake={e: ALL_TAGS for e in plan.engines}
+        )
+
+
+def phase_transitions(
+    plan: ColocationPlan, state: ColocationState, phase: str
+) -> list[list[Transition]]:
+    """The transitions from ``state`` into ``phase``, in stages run one after the other (the
+    transitions of a stage run at once): first the ones that free memory, then the ones that
+    allocate it."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown colocation phase {phase!r}; valid: {', '.join(PHASES)}")
+    keeps_loaded, tags = _NEEDS[phase]
+    frees: list[Transition] = []
+    allocs: list[Transition] = []
+    for role in plan.trainers:
+        want = keeps_loaded(role)
+        if state.loaded[role] and not want:
+            frees.append(Transition(role, "offload", "offload_states"))
+        elif want and not state.loaded[role]:
+            allocs.append(Transition(role, "reload", "reload_states"))
+    for role in plan.engines:
+        awake = state.awake[role]
+        if awake - tags:  # vLLM sleeps as a whole: sleep, then wake what the phase needs
+            frees.append(sleep_transition(role, plan.sleep_level))
+            awake = frozenset()
+        missing = tags - awake
+        if missing == ALL_TAGS:
+            allocs.append(Transition(role, "wake", "reload_states"))
+        elif missing:
+            (tag,) = missing
+            allocs.append(Transition(role, f"wake_{tag}", "reload_states", {"tags": [tag]}))
+    return [stage for stage in (frees, allocs) if stage]
+
+
+def sleep_transition(role: str, level: int) -> Transition:
+    return Transition(role, "sleep", "offload_states", {"level": level})
+
+
+def apply(state: ColocationState, transition: Transition, sleep_level: int) -> None:
+    """Update ``state`` for a transition that has run."""
+    role, action = transition.role, transition.action
+    if action in ("offload", "reload"):
+        state.loaded[role] = action == "reload"
+    elif action == "sleep":
+        state.awake[role] = frozenset()
+        if sleep_level == 2:
+            state.discarded.add(role)
+    elif action == "wake":
+        state.awake[role] = ALL_TAGS
+    else:
+        state.awake[role] = state.awake[role] | {action.removeprefix("wake_")}
+
+
+# --- the state machine ---------------------------------------------------------------------
+
+
+class TraceEntry(NamedTuple):
+    step: int | None  # the policy version (train steps taken); None: start-up
+    role: str  # a role, or "pipeline" for the phase the pipeline entered
+    action: str
+
+
+Runner = Callable[[Sequence[Transition]], None]
+"""Runs transitions (on different roles) at once and waits for all of them."""
+
+
+class ColocationError(RuntimeError):
+    """An order of phases that would serve or overwrite the wrong device memory."""
+
+
+class Choreography:
+    """Tracks what each managed role holds and makes the transitions a phase needs."""
+
+    def __init__(
+        self, plan: ColocationPlan, run: Runner | None = None, trace_path: Path | None = None
+    ) -> None:
+        self.plan = plan
+        self._run = run
+        self.trace: list[TraceEntry] = []
+        self.phase: str | None = None  # None until every role has started
+        self.state = ColocationState.started(plan)
+        self.seconds = 0.0  # spent in transitions since the last pop_seconds()
+        self._pending_start = set(plan.engines) | set(plan.trainers)
+        self._trace_path = trace_path if plan.active else None
+        if self._trace_path is not None:
+            self._trace_path.parent.mkdir(parents=True, exist_ok=True)
+            self._trace_path.write_text("")  # this process's choreography, from its start
+        for note in plan.notes:
+            logger.info("colocation: %s", note)
+
+    @property
+    def active(self) -> bool:
+        return self.plan.active
+
+    @property
+    def needs_sync(self) -> bool:
+        """True when an engine's weights were discarded (sleep level 2) since the last sync:
+        the next generation needs a sync even if the engines hold the trainer's version."""
+        return bool(self.state.discarded)
+
+    def start_stages(self, roles: Iterable[str]) -> list[list[str]]:
+        return self.plan.start_stages(roles)
+
+    def started(self, roles: Iterable[str]) -> None:
+        """``roles`` have initialized: managed engines among them go to sleep right away, so
+        the trainers that start next find their GPUs free."""
+        roles = list(roles)
+        for role in roles:
+            self._record(None, role, "start")
+        engines = [r for r in roles if r in self.plan.engines]
+        if engines:
+            self._execute(None, [sleep_transition(e, self.plan.sleep_level) for e in engines])
+        self._pending_start -= set(roles)
+        if self.active and not self._pending_start:
+            self.phase = TRAIN
+
+    def enter(self, phase: str, step: int) -> None:
+        """Make the transitions ``phase`` needs (none when already in it, or inactive)."""
+        if not self.active or phase == self.phase:
+            return
+        if self.phase is None:
+            raise ColocationError(
+                f"colocation: entering {phase!r} before {sorted(self._pending_start)} started"
+            )
+        if phase == GENERATE and self.state.discarded:
+            raise ColocationError(
+                f"colocation: {', '.join(sorted(self.state.discarded))} would generate with "
+                "weights that colocation.sleep_level=2 discarded and no sync has refilled; "
+                "sync the weights first (the pipeline does when needs_sync is true)"
+            )
+        self._record(step, "pipeline", phase)
+        for stage in phase_transitions(self.plan, self.state, phase):
+            self._execute(step, stage)
+        self.phase = phase
+
+    def synced(self, step: int) -> None:
+        """A weight sync into the engines has completed (call right after it)."""
+        if not self.active:
+            return
+        asleep = [e for e in self.plan.engines if WEIGHTS not in self.state.awake[e]]
+        if asleep:
+            raise ColocationError(
+                f"colocation: a weight sync went into {', '.join(asleep)} while its weights "
+                "were asleep; enter the 'sync' phase before syncing"
+            )
+        for engine in self.plan.engines:
+            self._record(step, engine, "synced")
+        self.state.discarded.clear()
+
+    def pop_seconds(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def _execute(self, step: int | None, stage: Sequence[Transition]) -> None:
+        if self._run is None:
+            raise ColocationError("colocation: no runner to make transitions with")
+        started = time.perf_counter()
+        self._run(stage)
+        self.seconds += time.perf_counter() - started
+        for transition in stage:
+            apply(self.state, transition, self.plan.sleep_level)
+            self._record(step, transition.role, transition.action)
+
+    def _record(self, step: int | None, role: str, action: str) -> None:
+        entry = TraceEntry(step, role, action)
+        self.trace.append(entry)
+        logger.debug("colocation: step %s %s %s", step, role, action)
+        if self._trace_path is not None:
+            with open(self._trace_path, "a") as f:
+                f.write(json.dumps(entry._asdict()) + "\n")
+
+
+def cluster_runner(clusters: Mapping[str, Any]) -> Runner:
+    """A ``Runner`` over the pipeline's role clusters (``Cluster.submit`` on every rank)."""
+
+    def run(stage: Sequence[Transition]) -> None:
+        calls = [clusters[t.role].submit(t.method, **t.kwargs) for t in stage]
+        for call in calls:
+            call.get()
+
+    return run
+
+
+def colocated_parity(
+    train: Any,
+    infer: Any,
+    probe: Mapping[str, Any],
+    *,
+    max_abs_diff: float | None,
+    what: str,
+    between: Callable[[], None],
+) -> dict[str, float]:
+    """``weight_sync.parity.check_parity`` for colocated roles: the trainer scores the probe
+    while it is loaded, ``between()`` then offloads it and wakes the engines' KV cache (the
+    generate phase), and the engines score it; never both on the GPU at once."""
+    from roll_ds.distributed.batch import Batch
+    from roll_ds.weight_sync.parity import compare
+
+    started = time.perf_counter()
+    batch = Batch(dict(probe))
+    trainer_BT = train.submit("compute_logprobs", batch, key="logprobs", temperature=1.0).get()
+    between()
+    rollout_BT = infer.submit("probe_logprobs", batch).get()
+    metrics = compare(
+        trainer_BT["logprobs"],
+        rollout_BT,
+        probe["attention_mask"],
+        max_abs_diff=max_abs_diff,
+        role=infer.name,
+        what=what,
+    )
+    metrics["sync/parity_seconds"] = time.perf_counter() - started
+    return metrics
