@@ -8,6 +8,12 @@
 
 When Hydra rejects an override (a misspelled key, a key inside an interpolated strategy_config),
 a roll_ds hint follows its message (``roll_ds/config/hints.py``).
+
+A config in your own directory derives from the examples by name (they are on Hydra's search
+path, ``hydra_plugins/roll_ds_searchpath``); its ``replace:`` section replaces inherited values
+instead of merging into them (``roll_ds/config/replace.py``):
+
+    python run.py --config-dir ~/my_configs --config-name mine
 """
 
 from __future__ import annotations
@@ -15,17 +21,19 @@ from __future__ import annotations
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the typed schema with Hydra)
 from roll_ds.config import ConfigError, to_schema, validate
 from roll_ds.config.hints import hint_for_exception
+from roll_ds.config.replace import apply_replacements
 
 
 @hydra.main(config_path="examples/qwen_rlvr", config_name=None, version_base="1.3")
 def main(raw: DictConfig) -> None:
     try:
-        cfg = to_schema(raw)
+        cfg = to_schema(apply_replacements(raw, HydraConfig.get().overrides.task))
         validate(cfg)
     except ConfigError as exc:
         print(f"roll_ds: {exc}", file=sys.stderr)

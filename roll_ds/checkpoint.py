@@ -27,6 +27,15 @@ leaves it missing or dangling) it falls back to the newest complete ``step_NNNNN
 Leftover ``.partial`` and ``.old`` directories are deleted by the next save. Training workers
 on several nodes must see the same filesystem.
 
+With ``save_best`` (``BestCheckpoint``) the checkpoint with the best value of an eval metric is
+kept beside them, out of ``keep_last``'s reach::
+
+    best -> best_step_000020_<id>   a symlink, replaced atomically, to a complete checkpoint
+    best_step_000020_<id>/          hard links to step_000020's files (a copy where the
+                                    filesystem has none), plus best.json: metric, mode, value, step
+
+so ``checkpoints/best`` resumes, exports and evaluates like any step directory.
+
 RNG states are stored as JSON, never pickled: loading a checkpoint someone else wrote cannot run
 code.
 """
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -155,6 +165,117 @@ class CheckpointManager:
                 trash = old.with_name(old.name + OLD)
                 os.rename(old, trash)
                 shutil.rmtree(trash, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the best checkpoint by an eval metric
+
+BEST = "best"
+BEST_RECORD = "best.json"
+
+
+def is_better(value: float, best: float | None, mode: str) -> bool:
+    """Whether ``value`` beats ``best`` (None: nothing yet) under ``mode`` (max or min); a tie
+    keeps the earlier checkpoint and NaN never wins."""
+    if mode not in ("max", "min"):
+        raise ValueError(f"save_best_mode: must be max or min, got {mode!r}")
+    if math.isnan(value):
+        return False
+    if best is None:
+        return True
+    return value > best if mode == "max" else value < best
+
+
+class BestCheckpoint:
+    """Keeps the checkpoint with the best ``metric`` under ``root`` as ``root/best`` (layout in
+    the module docstring). A resumed run (``resume``) continues from the value ``best.json``
+    records; a fresh run starts over, so its own first evaluated checkpoint becomes the best."""
+
+    def __init__(self, root: str | Path, metric: str, mode: str = "max", *, resume: bool) -> None:
+        is_better(0.0, None, mode)  # rejects a bad mode now
+        self.root = Path(root)
+        self.metric = metric
+        self.mode = mode
+        self._warned = False
+        record = self.record() if resume else None
+        if record is not None and (record["metric"], record["mode"]) != (metric, mode):
+            logger.warning(
+                "save_best: %s was kept by %s (%s), now %s (%s) is asked for; the next "
+                "evaluated checkpoint replaces it",
+                self.root / BEST,
+                record["metric"],
+                record["mode"],
+                metric,
+                mode,
+            )
+            record = None
+        self.value: float | None = None if record is None else float(record["value"])
+
+    def record(self) -> dict[str, Any] | None:
+        """What ``best/best.json`` says (metric, mode, value, step, checkpoint), or None."""
+        path = self.root / BEST / BEST_RECORD
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def offer(self, checkpoint: Path, step: int, metrics: dict[str, float]) -> bool:
+        """Make the complete ``checkpoint`` of ``step`` the best one if ``metrics[metric]``
+        beats the kept value; returns whether it did. A checkpoint without the metric (no
+        eval at its step, a domain absent from the eval data) is skipped with one warning."""
+        if self.metric not in metrics:
+            if not self._warned:
+                logger.warning(
+                    "save_best: no %s in the metrics of step %d (evaluated: %s); this "
+                    "checkpoint is not considered",
+                    self.metric,
+                    step,
+                    sorted(k for k in metrics if k.startswith("eval/")) or "nothing",
+                )
+                self._warned = True
+            return False
+        value = float(metrics[self.metric])
+        if not is_better(value, self.value, self.mode):
+            return False
+        self._publish(checkpoint, step, value)
+        self.value = value
+        logger.info(
+            "save_best: %s=%.4g at step %d, kept as %s", self.metric, value, step, self.root / BEST
+        )
+        return True
+
+    def _publish(self, checkpoint: Path, step: int, value: float) -> None:
+        """Link ``checkpoint`` into a new ``best_*`` directory, then swing ``best`` to it. A
+        crash at any point leaves ``best`` at the old or the new copy, both complete."""
+        target = self.root / f"{BEST}_{step_name(step)}_{os.urandom(4).hex()}"
+        partial = target.with_name(target.name + PARTIAL)
+        shutil.copytree(checkpoint, partial, symlinks=True, copy_function=_link_or_copy)
+        record = {
+            "metric": self.metric,
+            "mode": self.mode,
+            "value": value,
+            "step": step,
+            "checkpoint": checkpoint.name,
+        }
+        _write_atomic(partial / BEST_RECORD, json.dumps(record, indent=1) + "\n")
+        _fsync_tree(partial)
+        os.rename(partial, target)
+        link = self.root / f"{BEST}.tmp"
+        link.unlink(missing_ok=True)
+        os.symlink(target.name, link)  # relative: the run directory may move
+        os.replace(link, self.root / BEST)
+        _fsync_dir(self.root)
+        for old in self.root.glob(f"{BEST}_*"):  # earlier bests, and what a crash left
+            if old != target and old.is_dir() and not old.name.endswith((PARTIAL, OLD)):
+                trash = old.with_name(old.name + OLD)
+                os.rename(old, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link (no bytes copied; the file outlives the pruned step directory), or a copy
+    where the filesystem has no hard links."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 # ---------------------------------------------------------------------------------------------

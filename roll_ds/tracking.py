@@ -81,7 +81,9 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
 
 
 def plot_curves(rows: list[dict[str, float]], keys: list[str], out_png: str | Path) -> Path | None:
-    """One panel per key present in ``rows`` (x: step); returns the PNG path, None if no data."""
+    """One panel per key present in ``rows`` (x: step); returns the PNG path, None if no data.
+    A key ``<group>/<name>`` with per-domain companions ``<group>/<domain>/<name>`` in ``rows``
+    (``eval/accuracy`` and ``eval/math/accuracy``, ...) gets them as extra lines in its panel."""
     present = [k for k in keys if any(k in r for r in rows)]
     if not present:
         return None
@@ -92,8 +94,19 @@ def plot_curves(rows: list[dict[str, float]], keys: list[str], out_png: str | Pa
 
     fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 3.4), squeeze=False)
     for ax, key in zip(axes[0], present, strict=True):
-        points = [(r["step"], r[key]) for r in rows if key in r]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        parts = per_domain_keys(rows, key)
+        for label, series in [("all", key), *parts.items()]:
+            points = [(r["step"], r[series]) for r in rows if series in r]
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="o",
+                markersize=3,
+                label=label,
+                linewidth=2.0 if series == key else 1.0,
+            )
+        if parts:
+            ax.legend(fontsize="small")
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -102,6 +115,21 @@ def plot_curves(rows: list[dict[str, float]], keys: list[str], out_png: str | Pa
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
+
+
+def per_domain_keys(rows: list[dict[str, float]], key: str) -> dict[str, str]:
+    """``{domain: "<group>/<domain>/<name>"}`` for the keys of ``rows`` that break ``key`` =
+    ``<group>/<name>`` down by domain (one path level between the two), sorted by domain."""
+    group, sep, name = key.partition("/")
+    if not sep or "/" in name:
+        return {}
+    found = {}
+    for row in rows:
+        for other in row:
+            parts = other.split("/")
+            if len(parts) == 3 and parts[0] == group and parts[2] == name:
+                found[parts[1]] = other
+    return dict(sorted(found.items()))
 
 
 def _is_number(value: Any) -> bool:

@@ -1,4 +1,9 @@
-"""Compose a pipeline config outside ``run.py`` (tests, notebooks, benchmarks)."""
+"""Compose a pipeline config outside ``run.py`` (tests, notebooks, benchmarks).
+
+``config_dir`` may be any directory: the example configs are on Hydra's search path wherever
+the config lives (``hydra_plugins/roll_ds_searchpath``), and the config's ``replace:`` section
+is applied after composing (``replace.py``), as run.py does.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the schema)
+from roll_ds.config.replace import apply_replacements
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.validate import to_schema, validate
 
@@ -20,8 +26,9 @@ def compose_config(
 ) -> DictConfig:
     """Compose ``config_name`` from ``config_dir`` (default examples/qwen_rlvr) like run.py does."""
     directory = Path(config_dir or DEFAULT_CONFIG_DIR).resolve()
+    overrides = list(overrides or [])
     with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides or []))
+        return apply_replacements(compose(config_name=config_name, overrides=overrides), overrides)
 
 
 def load_config(

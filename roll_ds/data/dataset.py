@@ -3,7 +3,9 @@
 A row is ``{"id": str, "domain": str, "prompt": str, "ground_truth": str}``; ``prompt`` and
 ``ground_truth`` are required, ``domain`` falls back to the configured default and ``id`` to
 ``<file stem>-<line>``. Other keys are kept. Validation collects every problem in the file and
-raises one ``DatasetFormatError`` naming the file and line of each.
+raises one ``DatasetFormatError`` naming the file and line of each. Records of another schema
+(``question`` / ``answer``, chat ``messages``) map onto rows by a ``RowSpec`` (``rows.py``);
+``sources.py`` reads .json / .parquet files and directories with ``datasets``.
 
 Importing this module does not import torch; only the greedy decoding helpers need it.
 """
@@ -15,13 +17,13 @@ import json
 import os
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from roll_ds.data.rows import RowSpec, to_row
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-REQUIRED_FIELDS = ("prompt", "ground_truth")
-STRING_FIELDS = ("id", "domain", "prompt", "ground_truth")
 MAX_LISTED_PROBLEMS = 20
 
 
@@ -29,22 +31,8 @@ class DatasetFormatError(ValueError):
     """A task file has malformed rows; the message lists them (file:line: problem)."""
 
 
-def _row_problems(obj: Any) -> list[str]:
-    if not isinstance(obj, dict):
-        return [f"expected a JSON object, got {type(obj).__name__}"]
-    problems = [f"missing field {name!r}" for name in REQUIRED_FIELDS if name not in obj]
-    for name in STRING_FIELDS:
-        if name in obj and not isinstance(obj[name], str):
-            problems.append(
-                f"field {name!r} must be a string, got {type(obj[name]).__name__} "
-                f"{json.dumps(obj[name])[:40]}"
-            )
-    if isinstance(obj.get("prompt"), str) and not obj["prompt"].strip():
-        problems.append("field 'prompt' is empty")
-    return problems
-
-
-def _raise_if_problems(problems: list[str], path: str) -> None:
+def raise_if_problems(problems: list[str], path: str) -> None:
+    """One ``DatasetFormatError`` listing ``problems`` of the file ``path`` (none: nothing)."""
     if not problems:
         return
     listed = problems[:MAX_LISTED_PROBLEMS]
@@ -55,14 +43,18 @@ def _raise_if_problems(problems: list[str], path: str) -> None:
     )
 
 
-def load_jsonl_rows(path: str | os.PathLike, default_domain: str = "math") -> list[dict]:
-    """Rows of a jsonl task file, validated; blank lines are skipped.
+def load_jsonl_rows(
+    path: str | os.PathLike, default_domain: str = "math", spec: RowSpec | None = None
+) -> list[dict]:
+    """Rows of a jsonl task file, validated; blank lines are skipped. ``spec`` maps records of
+    another schema (its ``default_domain`` then applies).
 
     Raises ``FileNotFoundError`` for a missing file and ``DatasetFormatError`` listing every
     malformed line, lines that are not UTF-8 included (first ``MAX_LISTED_PROBLEMS`` shown, then
     a count).
     """
     path = os.fspath(path)
+    spec = spec or RowSpec(default_domain=default_domain)
     stem = os.path.splitext(os.path.basename(path))[0]
     rows: list[dict] = []
     problems: list[str] = []
@@ -85,11 +77,11 @@ def load_jsonl_rows(path: str | os.PathLike, default_domain: str = "math") -> li
             except json.JSONDecodeError as e:
                 problems.append(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})")
                 continue
-            row_problems = _row_problems(obj)
+            row, row_problems = to_row(obj, spec, f"{stem}-{lineno}")
             problems.extend(f"{path}:{lineno}: {p}" for p in row_problems)
-            if not row_problems:
-                rows.append({"id": f"{stem}-{lineno}", "domain": default_domain, **obj})
-    _raise_if_problems(problems, path)
+            if row is not None:
+                rows.append(row)
+    raise_if_problems(problems, path)
     if not rows:
         raise DatasetFormatError(f"{path}: no task rows (the file is empty)")
     return rows

@@ -12,15 +12,25 @@ import pytest
 import torch
 
 from roll_ds.checkpoint import (
+    BEST,
+    BEST_RECORD,
     COMPLETE,
     LATEST,
+    BestCheckpoint,
     CheckpointManager,
     capture_rng_state,
+    is_better,
     load_rng_state,
     restore_rng_state,
     save_rng_state,
 )
-from roll_ds.tracking import Tracker, plot_curves, read_metrics, truncate_jsonl_after
+from roll_ds.tracking import (
+    Tracker,
+    per_domain_keys,
+    plot_curves,
+    read_metrics,
+    truncate_jsonl_after,
+)
 
 
 def test_commit_is_atomic_and_latest_moves(tmp_path):
@@ -352,3 +362,109 @@ def test_resume_drops_rollout_rows_past_the_checkpoint(tmp_path):
         ("load_checkpoint", str(out / "checkpoints" / "step_000002" / "actor_train"), "engine")
     ]
     assert pipeline.sampler.state == {"pos": 8}
+
+
+# --- save_best ---------------------------------------------------------------------------------
+
+
+def _best(root: Path) -> tuple[int, str, dict]:
+    """The checkpoint ``root/best`` holds: complete, its parts together, and its record."""
+    best = root / BEST
+    step, run = _check_consistent(best)
+    record = json.loads((best / BEST_RECORD).read_text())
+    assert record["step"] == step
+    return step, run, record
+
+
+def test_is_better():
+    assert is_better(0.1, None, "max") and is_better(0.1, None, "min")
+    assert is_better(0.5, 0.4, "max") and not is_better(0.4, 0.5, "max")
+    assert is_better(0.4, 0.5, "min") and not is_better(0.5, 0.4, "min")
+    assert not is_better(0.5, 0.5, "max")  # a tie keeps the earlier checkpoint
+    assert not is_better(float("nan"), None, "max")
+    with pytest.raises(ValueError, match="save_best_mode: must be max or min"):
+        is_better(0.1, None, "median")
+
+
+def test_best_checkpoint_survives_rotation_and_moves_only_on_a_better_value(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    best = BestCheckpoint(tmp_path, "eval/accuracy", "max", resume=False)
+    offers = [(10, 0.3, True), (20, 0.2, False), (30, 0.5, True), (40, 0.5, False)]
+    for step, acc, wins in offers:
+        path = _save(mgr, step, "a")
+        assert best.offer(path, step, {"eval/accuracy": acc, "eval/score": 1.0}) is wins, step
+    assert [p.name for p in mgr.complete_steps()] == ["step_000040"]  # step 30 was pruned
+    step, run, record = _best(tmp_path)
+    assert (step, run) == (30, "a")
+    assert record == {
+        "metric": "eval/accuracy",
+        "mode": "max",
+        "value": 0.5,
+        "step": 30,
+        "checkpoint": "step_000030",
+    }
+    assert mgr.resolve(str(tmp_path / BEST)) == tmp_path / BEST  # resumes like a step directory
+    assert len(list(tmp_path.glob(f"{BEST}_*"))) == 1  # the earlier best copy is gone
+    assert (tmp_path / BEST).is_symlink() and not os.path.isabs(os.readlink(tmp_path / BEST))
+
+
+def test_best_checkpoint_min_mode_resume_and_a_missing_metric(tmp_path, caplog):
+    mgr = CheckpointManager(tmp_path)
+    best = BestCheckpoint(tmp_path, "eval/response_length/mean", "min", resume=False)
+    assert best.offer(_save(mgr, 10, "a"), 10, {"eval/response_length/mean": 6.0})
+    assert not best.offer(_save(mgr, 20, "a"), 20, {"eval/response_length/mean": 7.0})
+    assert not best.offer(_save(mgr, 30, "a"), 30, {"rollout/score": 1.0})
+    assert "save_best: no eval/response_length/mean in the metrics of step 30" in caplog.text
+    # A resumed run goes on from the recorded value; a fresh one starts over.
+    resumed = BestCheckpoint(tmp_path, "eval/response_length/mean", "min", resume=True)
+    assert resumed.value == 6.0
+    assert not resumed.offer(_save(mgr, 40, "b"), 40, {"eval/response_length/mean": 6.5})
+    fresh = BestCheckpoint(tmp_path, "eval/response_length/mean", "min", resume=False)
+    assert fresh.offer(_save(mgr, 40, "c"), 40, {"eval/response_length/mean": 6.5})
+    assert _best(tmp_path)[:2] == (40, "c")
+    # Another metric than the record's: the record does not carry over.
+    other = BestCheckpoint(tmp_path, "eval/accuracy", "max", resume=True)
+    assert other.value is None
+
+
+def test_a_crash_at_any_point_of_keeping_the_best_leaves_a_complete_best(tmp_path, monkeypatch):
+    crashed_at = []
+    for k in itertools.count():
+        root = tmp_path / f"crash{k}"
+        mgr = CheckpointManager(root, keep_last=1)
+        best = BestCheckpoint(root, "eval/accuracy", "max", resume=False)
+        best.offer(_save(mgr, 10, "a"), 10, {"eval/accuracy": 0.1})
+        path = _save(mgr, 20, "a")
+        with monkeypatch.context() as patch:
+            calls = _crash_at(patch, k)
+            try:
+                best.offer(path, 20, {"eval/accuracy": 0.2})
+            except Crash:
+                crashed_at.append(calls[-1])
+            else:
+                break
+        assert _best(root)[:2] in {(10, "a"), (20, "a")}, (k, crashed_at[-1])
+        # The next save and a new best clear what the crash left behind.
+        again = BestCheckpoint(root, "eval/accuracy", "max", resume=True)
+        assert again.offer(_save(mgr, 30, "c"), 30, {"eval/accuracy": 0.9})
+        assert _best(root)[:2] == (30, "c")
+        names = sorted(p.name for p in root.iterdir())
+        assert names[0] == BEST and names[2:] == [LATEST, "step_000030"], (k, names)
+        assert names[1].startswith(f"{BEST}_step_000030_"), (k, names)
+    assert len(crashed_at) >= 3 and {"rename", "replace"} <= set(crashed_at)
+
+
+def test_plot_curves_breaks_eval_down_by_domain(tmp_path):
+    rows = [
+        {"step": 0, "eval/accuracy": 0.2, "eval/math/accuracy": 0.1, "eval/reverse/accuracy": 0.3},
+        {"step": 10, "eval/accuracy": 0.4, "eval/math/accuracy": 0.3, "eval/reverse/accuracy": 0.5},
+        {"step": 10, "eval/math/score": 0.3, "eval/sampled/response_length/mean": 3.0},
+    ]
+    assert per_domain_keys(rows, "eval/accuracy") == {
+        "math": "eval/math/accuracy",
+        "reverse": "eval/reverse/accuracy",
+    }
+    assert per_domain_keys(rows, "eval/response_length/mean") == {}
+    assert per_domain_keys(rows, "actor/pg_loss") == {}
+    out = plot_curves(rows, ["eval/accuracy"], tmp_path / "curves.png")
+    assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

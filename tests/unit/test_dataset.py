@@ -75,7 +75,8 @@ def test_empty_prompt(tmp_path):
 def test_wrong_types(tmp_path, field, value, type_name):
     row = {**GOOD, field: value}
     message = _error(tmp_path, [json.dumps(row)])
-    assert f"tasks.jsonl:1: field '{field}' must be a string, got {type_name}" in message
+    assert f"tasks.jsonl:1: field '{field}' must be a string" in message
+    assert f"got {type_name}" in message
 
 
 def test_all_problems_reported_together(tmp_path):
