@@ -95,6 +95,21 @@ class GenerateStrategy(InferenceStrategy, WeightReceiver, Protocol):
         """Sample responses: token ids and the sampled tokens' log-probs per sample."""
 
 
+@runtime_checkable
+class SequenceScorer(Protocol):
+    """A reward-model backend (``hf_infer`` / ``deepspeed_infer`` built with a ``head``)."""
+
+    def initialize(self) -> None: ...
+
+    def score_sequences(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """``scores_B``: one scalar per left-padded sequence, read at its last token."""
+
+
+# Backends that can serve a discriminative reward model (``rewards.<role>.head``).
+SCORING_STRATEGIES = ("hf_infer", "deepspeed_infer")
+
 LossFn = Callable[..., tuple["torch.Tensor", dict[str, float]]]
 
 

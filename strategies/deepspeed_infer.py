@@ -3,12 +3,14 @@
 Each rank keeps ``1/N`` of the parameters and gathers layers during the forward, so a reference
 model that does not fit one device still scores batches. The role's ``strategy_config`` is the
 usual preset (``${deepspeed_zero3}``); its training-only entries are filled for a micro batch of
-``infer_batch_size``. A config below stage 3 gives a plain replica on every rank.
+``infer_batch_size``. A config below stage 3 gives a plain replica on every rank. With a ``head``
+the model is a reward model and ``score_sequences`` scores whole sequences.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -16,9 +18,15 @@ import torch
 from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config, zero_stage
 from roll_ds.config.schema import ModelArgs, WorkerConfig
 from roll_ds.models.loading import load_causal_lm, resolve_model_path
+from roll_ds.models.reward_model import check_head, forward_scores, load_reward_model
 from roll_ds.platform import current_platform
 from strategies import _common
-from strategies._zero import batched_logprobs, plain_strategy_config, release_zero3_params
+from strategies._zero import (
+    batched_forward,
+    batched_logprobs,
+    plain_strategy_config,
+    release_zero3_params,
+)
 from strategies.base import StrategyContext
 
 
@@ -32,7 +40,10 @@ class DeepSpeedInferStrategy:
         infer_batch_size: int = 8,
         seed: int = 42,
         logprob_temperature: float = 1.0,
+        head: str | None = None,
     ) -> None:
+        # None: a causal LM; a reward-model head (roll_ds.models.reward_model.HEADS): a scorer.
+        self.head = None if head is None else check_head(head)
         self.model_path = model_path
         self.logprob_temperature = _common.check_temperature(logprob_temperature)
         self.strategy_config = plain_strategy_config(strategy_config)
@@ -43,9 +54,10 @@ class DeepSpeedInferStrategy:
 
     @classmethod
     def from_worker_config(
-        cls, worker: WorkerConfig, ctx: StrategyContext
+        cls, worker: WorkerConfig, ctx: StrategyContext, head: str | None = None
     ) -> DeepSpeedInferStrategy:
         return cls(
+            head=head,
             model_path=worker.model_args.model_name_or_path or ctx.pretrain,
             strategy_config=worker.strategy_args.strategy_config,
             model_args=worker.model_args,
@@ -80,7 +92,8 @@ class DeepSpeedInferStrategy:
         # No optimizer: optimizer offload is meaningless, parameter offload still applies.
         zero = self.ds_config.get("zero_optimization") or {}
         zero.pop("offload_optimizer", None)
-        model = load_causal_lm(
+        load = load_causal_lm if self.head is None else partial(load_reward_model, head=self.head)
+        model = load(
             self.model_path,
             dtype=dtype,
             attn_impl=self.model_args.attn_implementation,
@@ -119,6 +132,28 @@ class DeepSpeedInferStrategy:
             )
         finally:
             release_zero3_params(self.engine)
+
+    @torch.no_grad()
+    def score_sequences(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """``scores_B`` (fp32 on CPU): the reward head at each left-padded row's last token (a
+        strategy built with a ``head`` only); all ranks call it together."""
+        if self.head is None:
+            raise RuntimeError("score_sequences needs a strategy built with a reward-model head")
+        try:
+            out = batched_forward(
+                lambda ids, mask: {"scores_B": forward_scores(self.engine, self.head, ids, mask)},
+                input_ids_BT,
+                attention_mask_BT,
+                batch_size=self.infer_batch_size,
+                device=self.device,
+                lockstep=self.zero_stage == 3 and self.world_size > 1,
+                empty_keys=("scores_B",),
+            )
+        finally:
+            release_zero3_params(self.engine)
+        return {"scores_B": out["scores_B"].reshape(-1)}
 
     def offload_states(self) -> None:
         """Nothing to move: ZeRO-3 inference keeps only its parameter shard (use the preset's

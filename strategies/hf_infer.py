@@ -1,15 +1,18 @@
 """``hf_infer``: a plain transformers model on one device, for reference log-probs (and HF
-``generate`` where a small rollout or judge model does not need vLLM)."""
+``generate`` where a small rollout or judge model does not need vLLM), or, with a ``head``, a
+reward model scoring whole sequences (``score_sequences``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 
 from roll_ds.config.schema import GeneratingArgs, ModelArgs, WorkerConfig
 from roll_ds.models.loading import load_causal_lm, resolve_model_path
+from roll_ds.models.reward_model import check_head, forward_scores, load_reward_model
 from strategies import _common
 from strategies.base import StrategyContext
 
@@ -35,7 +38,10 @@ class HfInferStrategy:
         max_new_tokens: int = 32,
         stop_token_ids: Sequence[int] = (),
         logprob_temperature: float = 1.0,
+        head: str | None = None,
     ) -> None:
+        # None: a causal LM; a reward-model head (roll_ds.models.reward_model.HEADS): a scorer.
+        self.head = None if head is None else check_head(head)
         self.logprob_temperature = _common.check_temperature(logprob_temperature)
         self.model_path = model_path
         self.model_args = model_args or ModelArgs()
@@ -48,8 +54,11 @@ class HfInferStrategy:
         self._offloaded = False
 
     @classmethod
-    def from_worker_config(cls, worker: WorkerConfig, ctx: StrategyContext) -> HfInferStrategy:
+    def from_worker_config(
+        cls, worker: WorkerConfig, ctx: StrategyContext, head: str | None = None
+    ) -> HfInferStrategy:
         return cls(
+            head=head,
             model_path=worker.model_args.model_name_or_path or ctx.pretrain,
             model_args=worker.model_args,
             generating_args=worker.generating_args,
@@ -63,7 +72,8 @@ class HfInferStrategy:
     def initialize(self) -> None:
         self.device = _common.device()
         self.model_path = resolve_model_path(self.model_path)
-        self.model = load_causal_lm(
+        load = load_causal_lm if self.head is None else partial(load_reward_model, head=self.head)
+        self.model = load(
             self.model_path,
             dtype=self.model_args.dtype,
             attn_impl=self.model_args.attn_implementation,
@@ -94,6 +104,25 @@ class HfInferStrategy:
             for k, v in out.items():
                 parts.setdefault(k, []).append(v.float().cpu())
         return {k: torch.cat(v) for k, v in parts.items()}
+
+    @torch.no_grad()
+    def score_sequences(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """``scores_B`` (fp32 on CPU): the reward head at each left-padded row's last token,
+        ``infer_batch_size`` rows per forward (a strategy built with a ``head`` only)."""
+        if self.head is None:
+            raise RuntimeError("score_sequences needs a strategy built with a reward-model head")
+        parts = [
+            forward_scores(
+                self.model,
+                self.head,
+                input_ids_BT[start:stop].to(self.device),
+                attention_mask_BT[start:stop].to(self.device),
+            ).cpu()
+            for start, stop in _common.iter_chunks(input_ids_BT.shape[0], self.infer_batch_size)
+        ]
+        return {"scores_B": torch.cat(parts) if parts else torch.zeros(0)}
 
     @torch.no_grad()
     def generate(

@@ -6,6 +6,10 @@ Two domains, so the pipeline can mix them:
   may be negative); the ground truth is the integer as a string (math-verify compares it).
 - ``reverse``: ``reverse abcd=``; the ground truth is the reversed letters (exact match).
 
+A third, ``code`` (tiny stdin/stdout programs, :mod:`roll_ds.data.synthetic_code`), is generated
+and shipped beside them but is not in ``DOMAINS``: the embedded model is not warmed up on it and
+the default run does not sample it.
+
 Prompts are raw text (the tiny model has no chat template); the expected response is the answer
 followed by eos. Generation is a pure function of ``TaskSpec``: the same spec always gives the
 same rows, in the same order, and the train and eval splits of a domain never share a prompt.
@@ -18,7 +22,11 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-DOMAINS = ("math", "reverse")
+from roll_ds.data.synthetic_code import DOMAIN as CODE_DOMAIN
+from roll_ds.data.synthetic_code import CodeTaskSpec, generate_code
+
+DOMAINS = ("math", "reverse")  # the embedded model's warm-up domains
+ALL_DOMAINS = (*DOMAINS, CODE_DOMAIN)
 SPLITS = ("train", "eval")
 
 
@@ -94,8 +102,10 @@ def flawed_answer(domain: str, ground_truth: str) -> str:
 
 def generate_domain(domain: str, spec: TaskSpec) -> dict[str, list[dict]]:
     """``{"train": rows, "eval": rows}`` for one domain; prompts are unique across both splits."""
+    if domain == CODE_DOMAIN:
+        return generate_code(CodeTaskSpec(seed=spec.seed))
     if domain not in _PROBLEMS:
-        raise ValueError(f"unknown synthetic domain {domain!r}; valid: {', '.join(DOMAINS)}")
+        raise ValueError(f"unknown synthetic domain {domain!r}; valid: {', '.join(ALL_DOMAINS)}")
     rng = random.Random(spec.seed * 1000 + DOMAINS.index(domain))
     problems = _PROBLEMS[domain](rng, spec, spec.n_eval + spec.n_train)
     # eval first, and the draw is a prefix of a fixed order: growing n_train only appends rows.
@@ -113,9 +123,9 @@ def generate_domain(domain: str, spec: TaskSpec) -> dict[str, list[dict]]:
 
 
 def generate_all(spec: TaskSpec) -> dict[tuple[str, str], list[dict]]:
-    """``{(domain, split): rows}`` for every domain and split."""
+    """``{(domain, split): rows}`` for every domain (``code`` included) and split."""
     out: dict[tuple[str, str], list[dict]] = {}
-    for domain in DOMAINS:
+    for domain in ALL_DOMAINS:
         for split, rows in generate_domain(domain, spec).items():
             out[(domain, split)] = rows
     return out

@@ -26,10 +26,11 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from roll_ds.config.schema import EMBEDDED_MODEL
+from roll_ds.config.schema import EMBEDDED_MODEL, EMBEDDED_RM
 from roll_ds.data.synthetic import DOMAINS, TaskSpec, generate_domain, to_jsonl
 from roll_ds.models.tiny import TinyQwen2Spec
 
@@ -114,6 +115,10 @@ def resolve_pretrain(
     else a build under ``<cache>/models/`` (made once, then reused); a local path is returned
     unchanged; anything else fails, since no model hub is reachable.
     """
+    if pretrain == EMBEDDED_RM:  # the embedded reward model (roll_ds/models/embedded_rm.py)
+        from roll_ds.models.embedded_rm import resolve_reward_model
+
+        return resolve_reward_model(cache_dir)
     if pretrain == EMBEDDED_MODEL:
         digest = recipe.digest()
         shipped = shipped_digest()
@@ -171,12 +176,13 @@ def write_shipped(shipped_dir: str = SHIPPED_DIR, recipe: WarmupRecipe = DEFAULT
     return info
 
 
-def ensure_built(target: str, recipe: WarmupRecipe) -> str:
+def ensure_built(target: str, recipe: Any, build: Callable[[str, Any], dict] | None = None) -> str:
     """Build ``target`` unless it exists; safe when several processes call it at once.
 
     The model is built in a temporary sibling directory and renamed into place, so ``target``
     either does not exist or is complete; a file lock keeps concurrent callers from building
-    twice (the losers wait, then reuse the winner's directory).
+    twice (the losers wait, then reuse the winner's directory). ``build(dir, recipe)`` writes
+    the model (default: the embedded policy's ``build_model_dir``).
     """
     from filelock import FileLock
 
@@ -194,7 +200,7 @@ def ensure_built(target: str, recipe: WarmupRecipe) -> str:
         tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
         try:
             os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is for every process
-            build_model_dir(tmp, recipe)
+            (build or build_model_dir)(tmp, recipe)
             os.rename(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

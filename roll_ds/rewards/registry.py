@@ -27,6 +27,9 @@ REWARD_FNS: Registry[type[RewardFn]] = Registry("reward function")
 REWARD_FNS.register_lazy("math_rule", "roll_ds.rewards.math_rule:MathRuleReward")
 REWARD_FNS.register_lazy("format", "roll_ds.rewards.format:FormatReward")
 REWARD_FNS.register_lazy("exact_match", "roll_ds.rewards.exact_match:ExactMatchReward")
+REWARD_FNS.register_lazy("model", "roll_ds.rewards.model_reward:ModelReward")
+REWARD_FNS.register_lazy("judge", "roll_ds.rewards.judge:JudgeReward")
+REWARD_FNS.register_lazy("code", "roll_ds.rewards.code_reward:CodeReward")
 
 _SPEC_KEYS = ("name", "weight", "key")
 
@@ -119,6 +122,9 @@ def validate_reward_specs(specs: Any) -> list[str]:
                     f"reward_fns[{i}] ({name}): unknown parameter(s) "
                     f"{', '.join(unknown)}; valid: {', '.join(sorted(accepted))}"
                 )
+            # a function may check its parameters' values: classmethod param_problems(params)
+            check = getattr(REWARD_FNS.get(name), "param_problems", None)
+            problems += [f"reward_fns[{i}] ({name}).{p}" for p in (check(params) if check else [])]
         except ValueError as e:
             problems.append(f"reward_fns[{i}]: {e}")
     return problems
@@ -194,7 +200,14 @@ class WeightedSumReward(RewardFn):
                 if sub.get("error"):
                     err = f"{key}: {sub['error']}"
                     info["error"] = err if info["error"] is None else f"{info['error']}; {err}"
-                for shared in ("correct", "format_ok", "extracted"):
+                for shared in (
+                    "correct",
+                    "format_ok",
+                    "extracted",
+                    "judge_unparsed",
+                    "error_category",  # code: why the program failed
+                    "categories",  # code: {category: tests}
+                ):
                     if shared in sub and shared not in info:
                         info[shared] = sub[shared]
         return RewardOutput(totals, infos)

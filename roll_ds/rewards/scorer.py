@@ -67,6 +67,8 @@ def compute_metrics(scores: Sequence[float], infos: Sequence[dict[str, Any]]) ->
         rate = _rate(infos, key)
         if rate is not None:
             metrics[name] = rate
+    if any("judge_unparsed" in i for i in infos):  # a generative judge's unreadable verdicts
+        metrics["judge_unparsed"] = sum(1 for i in infos if i.get("judge_unparsed"))
     components: dict[str, list[float]] = {}
     for info in infos:
         for key, value in info.get("rewards", {}).items():
@@ -79,7 +81,11 @@ def compute_metrics(scores: Sequence[float], infos: Sequence[dict[str, Any]]) ->
 class RewardScorer:
     """Scores one domain's batches with the configured (weighted) reward functions."""
 
-    def __init__(self, config: Any = None, **overrides: Any) -> None:
+    def __init__(
+        self, config: Any = None, *, resources: Mapping[str, Any] | None = None, **overrides: Any
+    ) -> None:
+        """``resources``: objects for the reward functions that take them by name (a role's
+        reward model ``reward_model``, its ``judge``; see ``rewards/model_reward.py``)."""
         cfg = {**_plain_config(config), **overrides}
         specs = cfg.get("reward_fns")
         if not specs:
@@ -93,7 +99,7 @@ class RewardScorer:
             specs = [specs]
         # Always a weighted sum, so per-component scores are reported even for one function.
         self.reward_fn: RewardFn = WeightedSumReward(
-            list(specs), defaults={"timeout_s": self.timeout_s}
+            list(specs), defaults={"timeout_s": self.timeout_s, **(resources or {})}
         )
 
     @classmethod

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import replace
 
 import pytest
 
 from roll_ds.data.synthetic import (
+    ALL_DOMAINS,
     DOMAINS,
     TaskSpec,
     file_name,
@@ -16,6 +18,7 @@ from roll_ds.data.synthetic import (
     generate_domain,
     to_jsonl,
 )
+from roll_ds.data.synthetic_code import CodeTaskSpec, reference_solutions, run_reference
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 DATA_DIR = os.path.join(REPO, "examples", "qwen_rlvr", "data")
@@ -35,10 +38,10 @@ def test_generation_is_deterministic():
     assert generate_all(TaskSpec(seed=1)) != generate_all(TaskSpec())
 
 
-@pytest.mark.parametrize("domain", DOMAINS)
+@pytest.mark.parametrize("domain", ALL_DOMAINS)
 def test_splits_are_disjoint_sized_and_uniquely_named(domain):
-    spec = TaskSpec()
-    rows = generate_domain(domain, spec)
+    spec = TaskSpec() if domain != "code" else CodeTaskSpec()
+    rows = generate_domain(domain, TaskSpec())
     assert len(rows["train"]) == spec.n_train and len(rows["eval"]) == spec.n_eval
     train = {r["prompt"] for r in rows["train"]}
     held_out = {r["prompt"] for r in rows["eval"]}
@@ -74,7 +77,7 @@ def test_reverse_ground_truth_is_the_reversed_word():
 def test_too_small_a_problem_space_fails_clearly():
     with pytest.raises(ValueError, match="too small"):
         generate_domain("math", replace(TaskSpec(), max_operand=3))
-    with pytest.raises(ValueError, match="valid: math, reverse"):
+    with pytest.raises(ValueError, match="valid: math, reverse, code"):
         generate_domain("poetry", TaskSpec())
 
 
@@ -93,4 +96,17 @@ def test_make_task_data_writes_identical_bytes(tmp_path):
             with open(tmp_path / name, "rb") as a, open(os.path.join(DATA_DIR, name), "rb") as b:
                 assert a.read() == b.read()
     total = sum(os.path.getsize(os.path.join(DATA_DIR, n)) for n in os.listdir(DATA_DIR))
-    assert total < 300_000
+    assert total < 400_000  # math + reverse ~294 kB, code ~54 kB
+
+
+def test_code_tasks_are_stdin_stdout_tests_of_tiny_programs():
+    rows = generate_domain("code", TaskSpec())
+    solutions = reference_solutions(CodeTaskSpec())
+    assert set(DOMAINS) == {"math", "reverse"}  # the embedded model's warm-up does not see code
+    for row in rows["eval"] + rows["train"]:
+        tests = json.loads(row["ground_truth"])
+        assert len(tests) == CodeTaskSpec().tests_per_task
+        assert len(row["prompt"].encode()) <= 96  # fits rlvr_code_zero3's prompt_length
+        for test in tests:
+            assert test["output"] == run_reference(solutions[row["prompt"]], test["input"])
+    assert generate_domain("code", TaskSpec(seed=1)) != rows

@@ -1,0 +1,452 @@
+"""Run an untrusted Python program with stdin; get its output, exit status and an error category.
+
+What a program in the sandbox meets (the launcher, :mod:`roll_ds.rewards.sandbox_launcher`,
+sets it up; see its doc for the order of the steps):
+
+* **Processes**: its own session / process group, and pid 1 of a fresh pid namespace, so when
+  it ends or is stopped every process it started dies with it (also ones that ``setsid``).
+  ``RLIMIT_NPROC`` inside a fresh user namespace counts only the sandbox's own processes: a
+  fork bomb stalls at ``max_processes`` instead of eating the host's (shared) process budget.
+* **Resources**: ``RLIMIT_CPU`` (the wall timeout rounded up), ``RLIMIT_AS`` (``memory_mb``),
+  ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE=0``; a wall-clock timeout after which the
+  run is killed; stdout and stderr read up to ``max_output_bytes`` each, killed beyond.
+* **Files**: every mount read-only; the work dir is a fresh tmpfs of ``workdir_mb`` (it vanishes
+  with the namespace; the host-side temporary directory is removed after every run, also after a
+  kill); the home directory, the temp directory, ``/dev/shm`` and ``/run`` (Unix sockets such as
+  Ray's) are covered by empty tmpfs mounts; a fresh read-only ``/proc`` shows only the sandbox's
+  processes. When the worker runs as root the program runs as ``sandbox_uid`` (``nobody``).
+  Reading the rest of the file system (e.g. ``/etc``, the repository) is *not* prevented.
+* **Environment**: only ``PATH``, ``LANG``, ``LC_ALL``, ``HOME`` and ``TMPDIR`` (the work dir);
+  ``python -I -S -B`` ignores ``PYTHON*`` variables, the user site and site-packages (the
+  program gets the standard library only).
+* **Network**: a fresh network namespace with only a loopback device that is down, so nothing
+  (not even the host's 127.0.0.1) is reachable.
+
+The namespaces need unprivileged user namespaces (Linux; ``user.max_user_namespaces`` > 0, not
+disabled by ``kernel.unprivileged_userns_clone=0`` or an AppArmor / seccomp policy) and
+``mount_setattr`` (Linux >= 5.12). :meth:`Sandbox.probe` checks once; ``network_isolation``
+says what happens where the kernel refuses: ``required`` (default) raises
+:class:`SandboxUnavailable`; ``best_effort`` warns and runs with the rlimits, the process group
+and the timeouts only (no network, file-system or fork-bomb isolation: ``RLIMIT_NPROC`` then
+counts all processes of the user, and root ignores it); ``off`` uses the namespaces but no
+network namespace (and falls back like ``best_effort``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, fields
+
+logger = logging.getLogger(__name__)
+
+NETWORK_ISOLATION = ("required", "best_effort", "off")
+#: error categories of a run ("ok": exited 0); the code reward adds "passed" / "wrong_answer"
+CATEGORIES = (
+    "ok",
+    "timeout",
+    "memory",
+    "output_limit",
+    "process_limit",
+    "syntax_error",
+    "runtime_error",
+    "sandbox_error",
+)
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
+SETUP_TIMEOUT_S = 30.0  # launcher start + namespaces, before the program's own clock starts
+KILL_GRACE_S = 2.0  # after SIGTERM to the launcher, SIGKILL to the whole process group
+_CHUNK = 1 << 16
+
+
+class SandboxUnavailable(RuntimeError):
+    """The kernel refuses the isolation the configuration requires."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxLimits:
+    """Per-run limits; small defaults because test programs are tiny."""
+
+    timeout_s: float = 5.0  # wall clock of the program (RLIMIT_CPU: this, rounded up)
+    memory_mb: int = 512  # RLIMIT_AS (address space; Python itself needs ~30 MB)
+    file_size_mb: int = 4  # RLIMIT_FSIZE: largest file the program may write
+    max_processes: int = 8  # RLIMIT_NPROC in the user namespace, the program included
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_output_bytes: int = 1 << 20  # per stream; more is killed as "output_limit"
+    workdir_mb: int = 16  # size of the tmpfs work dir
+
+    def problems(self, prefix: str = "") -> list[str]:
+        """Out-of-range values, each naming its field."""
+        out = []
+        t = self.timeout_s
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0 < t <= 3600):
+            out.append(f"{prefix}timeout_s: {self.timeout_s!r}; use seconds in (0, 3600]")
+        minimum = {"memory_mb": 64, "max_processes": 1, "max_open_files": 16}
+        for f in fields(self):
+            if f.name == "timeout_s":
+                continue
+            value, low = getattr(self, f.name), minimum.get(f.name, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                out.append(f"{prefix}{f.name}: {value!r}; use an integer >= {low}")
+        return out
+
+
+@dataclass
+class SandboxResult:
+    """What a run gave. ``category`` is one of :data:`CATEGORIES`; ``wall_s`` counts from the
+    program's start (after the sandbox setup); ``exit_code`` / ``signal`` are None when unknown
+    (killed launcher, setup failure)."""
+
+    stdout: str
+    stderr: str
+    category: str
+    exit_code: int | None = None
+    signal: int | None = None
+    wall_s: float = 0.0
+    cpu_s: float | None = None
+    detail: str = ""
+    pids: tuple[int, ...] = ()  # host pids of the launcher and the program
+    pid_ns: str | None = None  # the program's pid namespace, e.g. "pid:[4026532291]"
+
+
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
+def last_exception(stderr: str) -> str | None:
+    """Name of the exception that ended a Python program (last line of its traceback)."""
+    lines = stderr.strip().splitlines()
+    m = _EXC_LINE.match(lines[-1].strip()) if lines else None
+    return m.group(1) if m else None
+
+
+def classify(
+    *,
+    stopped_for: str | None,
+    exit_code: int | None,
+    sig: int | None,
+    cpu_s: float | None,
+    cpu_limit_s: int,
+    stderr: str,
+) -> str:
+    """The error category of a finished run (pure; see :data:`CATEGORIES`)."""
+    if stopped_for is not None:
+        return stopped_for
+    if sig is not None:
+        over_cpu = cpu_s is not None and cpu_s >= cpu_limit_s - 0.05
+        return "timeout" if over_cpu or sig == signal.SIGXCPU else "runtime_error"
+    if exit_code == 0:
+        return "ok"
+    exc = last_exception(stderr)
+    if exc == "MemoryError":
+        return "memory"
+    if exc in ("SyntaxError", "IndentationError", "TabError"):
+        return "syntax_error"
+    if exc == "BlockingIOError" and "Resource temporarily unavailable" in stderr:
+        return "process_limit"  # fork() refused by RLIMIT_NPROC
+    return "runtime_error"
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The first directory on the way to ``path`` that others may not enter (e.g. ``/root``)."""
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts) + 1):
+        d = "/" + "/".join(parts[:i])
+        if not os.stat(d).st_mode & 0o001:
+            return d
+    return None
+
+
+def hidden_dirs(workdir: str, as_root: bool) -> list[dict]:
+    """Directories covered by an empty tmpfs inside the sandbox, with what is bound back into
+    them (the interpreter's prefix) and the work dir's mount point created in them."""
+    prefix = os.path.realpath(sys.base_prefix)
+    candidates = [os.path.expanduser("~"), tempfile.gettempdir(), "/tmp", "/dev/shm", "/run"]
+    if as_root and (closed := _closed_ancestor(prefix)):
+        candidates.append(closed)
+    paths: list[str] = []
+    for c in sorted({os.path.realpath(c) for c in candidates if os.path.isdir(c)}, key=len):
+        if c != "/" and not any(_inside(c, p) for p in paths):
+            paths.append(c)
+    return [
+        {
+            "path": p,
+            "keep": [prefix] if _inside(prefix, p) else [],
+            "make": [workdir] if _inside(workdir, p) else [],
+        }
+        for p in paths
+    ]
+
+
+class Sandbox:
+    """Runs programs under :class:`SandboxLimits`; thread-safe (each run is its own process).
+
+    ``sandbox_uid`` / ``sandbox_gid``: who the program runs as when this process is root;
+    ``tmp_dir``: where the host-side work dirs are made (default: the system temp dir).
+    """
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        network_isolation: str = "required",
+        sandbox_uid: int = 65534,
+        sandbox_gid: int = 65534,
+        tmp_dir: str | None = None,
+    ) -> None:
+        if network_isolation not in NETWORK_ISOLATION:
+            raise ValueError(
+                f"network_isolation: {network_isolation!r}; valid: {', '.join(NETWORK_ISOLATION)}"
+            )
+        self.limits = limits or SandboxLimits()
+        self.network_isolation = network_isolation
+        self.uid, self.gid = sandbox_uid, sandbox_gid
+        self.tmp_dir = tmp_dir
+        # the base interpreter, not a venv's: programs get the standard library only
+        self.python = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
+        self._namespaces: bool | None = None  # decided by probe()
+        self._refusal: SandboxUnavailable | None = None
+        self._probe_lock = threading.Lock()
+        self.isolation: list[str] = []  # namespaces in use after probe()
+
+    # -- start-up -------------------------------------------------------------------------
+    def probe(self) -> list[str]:
+        """Check once that the kernel allows the isolation; returns the namespaces in use.
+
+        Raises :class:`SandboxUnavailable` (``network_isolation: required``; then every later
+        run raises it too, so nothing ever runs less isolated than configured) or warns and
+        falls back to rlimits only (``best_effort`` / ``off``).
+        """
+        with self._probe_lock:
+            if self._refusal is not None:
+                raise self._refusal
+            if self._namespaces is not None:
+                return self.isolation
+            res = self._run_source("print('ok')", "", namespaces=True)
+            if res.category == "ok" and res.stdout.strip() == "ok":
+                self._namespaces = True
+                return self.isolation
+            msg = (
+                "code sandbox: this host refuses the sandbox's namespaces "
+                f"({res.detail or res.stderr.strip()[-300:]}). "
+                "They need unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
+                "kernel.unprivileged_userns_clone=1, no AppArmor/seccomp rule against unshare) "
+                "and Linux >= 5.12"
+            )
+            if self.network_isolation == "required":
+                self._refusal = SandboxUnavailable(
+                    f"{msg}. Allow them, or opt out explicitly with the code reward's "
+                    "network_isolation: best_effort (then programs run with rlimits and "
+                    "timeouts only: network, files and process count are NOT isolated)"
+                )
+                raise self._refusal
+            logger.warning("%s; running programs with rlimits and timeouts only", msg)
+            self._namespaces, self.isolation = False, []
+            return self.isolation
+
+    # -- one run ---------------------------------------------------------------------------
+    def run(self, source: str, stdin: str = "") -> SandboxResult:
+        """Run ``source`` as ``main.py`` with ``stdin``; never raises for what the program does
+        (only :class:`SandboxUnavailable`, see :meth:`probe`)."""
+        self.probe()
+        return self._run_source(source, stdin, namespaces=bool(self._namespaces))
+
+    def _run_source(self, source: str, stdin: str, namespaces: bool) -> SandboxResult:
+        workdir = tempfile.mkdtemp(prefix="roll_ds_sandbox_", dir=self.tmp_dir)
+        try:
+            with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
+                f.write(source)
+            with open(os.path.join(workdir, "stdin.txt"), "w", encoding="utf-8") as f:
+                f.write(stdin)
+            return self._run_in(workdir, namespaces)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _config(self, workdir: str, namespaces: bool) -> dict:
+        lim = self.limits
+        return {
+            "workdir": workdir,
+            "parent_pid": os.getpid(),
+            "namespaces": namespaces,
+            "net": self.network_isolation != "off",
+            "uid": self.uid,
+            "gid": self.gid,
+            "hide": hidden_dirs(workdir, os.geteuid() == 0),
+            "workdir_mb": lim.workdir_mb,
+            "python": self.python,
+            "env": {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "LC_ALL": "C.UTF-8",
+                "HOME": workdir,
+                "TMPDIR": workdir,
+            },
+            "limits": {
+                "cpu_s": self.cpu_limit_s,
+                "memory_mb": lim.memory_mb,
+                "file_size_mb": lim.file_size_mb,
+                "nproc": lim.max_processes + 1,  # + the launcher, counted in the namespace
+                "nofile": lim.max_open_files,
+            },
+        }
+
+    @property
+    def cpu_limit_s(self) -> int:
+        return max(1, math.ceil(self.limits.timeout_s))
+
+    def _run_in(self, workdir: str, namespaces: bool) -> SandboxResult:
+        status_r, status_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [
+                    self.python,
+                    "-I",
+                    "-S",
+                    "-B",
+                    LAUNCHER,
+                    str(status_w),
+                    json.dumps(self._config(workdir, namespaces)),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_w,),
+                start_new_session=True,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                cwd=workdir,
+            )
+        except OSError as e:
+            os.close(status_r)
+            return SandboxResult("", "", "sandbox_error", detail=f"launcher: {e}")
+        finally:
+            os.close(status_w)
+        with os.fdopen(status_r, "rb", buffering=0) as status:
+            return _Run(self, proc, status).collect()
+
+
+class _Run:
+    """Reads a running launcher's pipes until it ends, a deadline passes or output overflows."""
+
+    def __init__(self, sandbox: Sandbox, proc: subprocess.Popen, status) -> None:
+        self.sandbox, self.proc, self.status = sandbox, proc, status
+        self.out = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
+        self.started_at: float | None = None
+        self.stopped_for: str | None = None
+
+    def _events(self) -> list[dict]:
+        text = bytes(self.out["status"]).decode(errors="replace")
+        complete = text[: text.rfind("\n") + 1]  # each event is one atomic line
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def collect(self) -> SandboxResult:
+        cap = self.sandbox.limits.max_output_bytes
+        spawned = time.monotonic()
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ, "stdout")
+        sel.register(self.proc.stderr, selectors.EVENT_READ, "stderr")
+        sel.register(self.status, selectors.EVENT_READ, "status")
+        try:
+            while sel.get_map():
+                if self.started_at is None and any(e["event"] == "started" for e in self._events()):
+                    self.started_at = time.monotonic()
+                if self.started_at is None:
+                    deadline = spawned + SETUP_TIMEOUT_S
+                else:
+                    deadline = self.started_at + self.sandbox.limits.timeout_s
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.stop("timeout" if self.started_at is not None else "sandbox_error")
+                    break
+                for key, _ in sel.select(timeout=left):
+                    chunk = os.read(key.fd, _CHUNK)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    buf = self.out[key.data]
+                    buf += chunk
+                    if key.data != "status" and len(buf) > cap:
+                        del buf[cap:]
+                        self.stop("output_limit")
+                        break
+                if self.stopped_for:
+                    break
+        finally:
+            sel.close()
+            ended = time.monotonic()
+            self.reap()
+        return self.result(ended)
+
+    def stop(self, reason: str) -> None:
+        """SIGTERM the launcher (it kills the program, whose namespace dies with it)."""
+        self.stopped_for = reason
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+
+    def reap(self) -> None:
+        """Wait for the launcher; SIGKILL its whole process group if it lingers or if the run
+        was stopped (nothing of the run may outlive this call)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=KILL_GRACE_S)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            pipe.close()
+        # the status pipe: read what the launcher wrote after we stopped reading
+        try:
+            os.set_blocking(self.status.fileno(), False)
+            while chunk := self.status.read(_CHUNK):
+                self.out["status"] += chunk
+        except (BlockingIOError, OSError, TypeError):
+            pass
+
+    def result(self, ended: float) -> SandboxResult:
+        stdout = bytes(self.out["stdout"]).decode(errors="replace")
+        stderr = bytes(self.out["stderr"]).decode(errors="replace")
+        events = self._events()
+        error = next((e for e in events if e["event"] == "error"), None)
+        exit_ev = next((e for e in events if e["event"] == "exit"), None)
+        start_ev = next((e for e in events if e["event"] == "started"), None)
+        wall = ended - self.started_at if self.started_at is not None else 0.0
+        if error is not None or (start_ev is None and self.stopped_for is None):
+            detail = error["error"] if error else f"launcher exited {self.proc.returncode}"
+            stage = error["stage"] if error else "start"
+            return SandboxResult(
+                stdout, stderr, "sandbox_error", wall_s=wall, detail=f"{stage}: {detail}"
+            )
+        pids: tuple[int, ...] = (self.proc.pid,)
+        if start_ev is not None:
+            self.sandbox.isolation = start_ev["namespaces"]
+            pids += (start_ev["pid"],)
+        exit_code = sig = cpu_s = None
+        if exit_ev is not None:
+            status, cpu_s = exit_ev["status"], exit_ev["cpu_s"]
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+            else:
+                exit_code = os.WEXITSTATUS(status)
+        category = classify(
+            stopped_for=self.stopped_for,
+            exit_code=exit_code,
+            sig=sig,
+            cpu_s=cpu_s,
+            cpu_limit_s=self.sandbox.cpu_limit_s,
+            stderr=stderr,
+        )
+        pid_ns = start_ev.get("pid_ns") if start_ev else None
+        return SandboxResult(
+            stdout, stderr, category, exit_code, sig, wall, cpu_s, pids=pids, pid_ns=pid_ns
+        )

@@ -1,0 +1,259 @@
+"""The code sandbox under attack, with real subprocesses and the real kernel namespaces.
+
+Every attack must score 0 with its error category counted; afterwards the reward keeps serving
+(a right program still scores 1), its host work dir is gone, and no process of its pid
+namespace is left. Limits are small so each attack ends in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+
+import pytest
+
+from roll_ds.rewards.base import RewardSample
+from roll_ds.rewards.code_reward import CodeReward
+from roll_ds.rewards.registry import REWARD_FNS, build_reward_fn
+from roll_ds.rewards.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SQUARE_TESTS = json.dumps({"tests": [{"input": "3\n", "output": "9\n"}]})
+SQUARE = "```python\nn = int(input())\nprint(n * n)\n```"
+LIMITS = dict(timeout_s=2.0, memory_mb=128, max_processes=8, max_output_bytes=1 << 16)
+
+
+@pytest.fixture(scope="module")
+def reward(tmp_path_factory):
+    fn = CodeReward(num_workers=1, **LIMITS)
+    fn.sandbox.tmp_dir = str(tmp_path_factory.mktemp("sandbox_work"))
+    fn.warmup()  # the probe: namespaces must work on the machines this project tests on
+    yield fn
+    fn.close()
+
+
+def _processes_in(pid_ns: str) -> list[int]:
+    """Host pids whose pid namespace is ``pid_ns``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") == pid_ns:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _leftovers(fn: CodeReward, pid_ns: str | None) -> dict:
+    deadline = time.monotonic() + 2.0  # the kernel tears a namespace down asynchronously
+    while (procs := _processes_in(pid_ns) if pid_ns else []) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"work dirs": os.listdir(fn.sandbox.tmp_dir), "processes": procs}
+
+
+def attack(fn: CodeReward, program: str, tests: str = SQUARE_TESTS) -> tuple[float, dict, float]:
+    """Score ``program``; then check the aftermath: nothing left, a right program scores 1.
+    Returns (score, info, seconds); the sandbox results are kept in ``fn.last_results``."""
+    seen: list = []
+    run = fn.sandbox.run
+
+    def recording_run(*args, **kwargs):
+        seen.append(result := run(*args, **kwargs))
+        return result
+
+    fn.sandbox.run = recording_run
+    try:
+        start = time.perf_counter()
+        out = fn([RewardSample(program, tests)])
+        elapsed = time.perf_counter() - start
+    finally:
+        del fn.sandbox.run
+    assert seen, "the program never ran"
+    for result in seen:
+        assert _leftovers(fn, result.pid_ns) == {"work dirs": [], "processes": []}
+        for pid in result.pids:
+            assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} still exists"
+    fn.last_results = seen
+    after = fn([RewardSample(SQUARE, SQUARE_TESTS)])
+    assert after.scores == [1.0], after.infos
+    return out.scores[0], out.infos[0], elapsed
+
+
+def test_right_and_wrong_programs(reward):
+    tests = json.dumps(
+        {"tests": [{"input": "2\n", "output": "4"}, {"input": "5\n", "output": "25"}]}
+    )
+    out = reward(
+        [
+            RewardSample(SQUARE, tests),
+            RewardSample("print(4)", tests),
+            RewardSample("no fence here, just prose", tests),
+            RewardSample("", tests),
+        ]
+    )
+    assert out.scores == [1.0, 0.5, 0.0, 0.0]
+    assert out.infos[0]["categories"] == {"passed": 2}
+    assert out.infos[1]["categories"] == {"passed": 1, "wrong_answer": 1}
+    assert out.infos[2]["error_category"] == "syntax_error"  # and it stopped after one run
+    assert out.infos[2]["categories"] == {"syntax_error": 1}
+    assert out.infos[3]["error_category"] == "no_code"
+
+
+def test_assert_tests_and_all_or_nothing(reward):
+    tests = json.dumps([{"assert": "assert add(2, 2) == 4"}, {"assert": "assert add(1, 2) == 3"}])
+    half = "def add(a, b):\n    return 3"
+    out = reward([RewardSample(f"```py\n{half}\n```", tests)])
+    assert out.scores == [0.5] and out.infos[0]["error_category"] == "wrong_answer"
+    strict = CodeReward(scoring="all_or_nothing", num_workers=1, **LIMITS)
+    strict.sandbox = reward.sandbox
+    out = strict([RewardSample(half, tests), RewardSample("def add(a, b): return a + b", tests)])
+    assert out.scores == [0.0, 1.0]
+    assert out.infos[0]["categories"] == {"wrong_answer": 1}  # stopped at the first failure
+
+
+def test_infinite_loop(reward):
+    score, info, elapsed = attack(reward, "while True:\n    pass")
+    assert (score, info["error_category"], info["timed_out"]) == (0.0, "timeout", True)
+    assert elapsed < 5
+
+
+def test_fork_fifty_children_stops_at_the_process_limit(reward):
+    program = (
+        "import os, time\n"
+        "for _ in range(50):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(30)\n"
+        "        os._exit(0)\n"
+    )
+    score, info, _ = attack(reward, program)
+    assert (score, info["error_category"]) == (0.0, "process_limit")
+
+
+def test_fork_bomb_with_escapes_is_contained(reward):
+    # Every child also leaves the process group (setsid): the pid namespace still ends them.
+    program = (
+        "import os\n"
+        "while True:\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            os.setsid()\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    score, info, elapsed = attack(reward, program)
+    assert (score, info["error_category"]) == (0.0, "timeout")
+    assert elapsed < 6
+    pid = os.fork()  # the host's process budget is untouched
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def test_memory_bomb(reward):
+    program = "chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 20))"
+    score, info, _ = attack(reward, program)
+    assert (score, info["error_category"]) == (0.0, "memory")
+
+
+def test_writing_outside_the_work_dir(reward, tmp_path):
+    name = f"pwned-{uuid.uuid4().hex}"
+    targets = [
+        os.path.join(REPO, name),
+        str(tmp_path / name),
+        os.path.join(os.path.expanduser("~"), name),
+        os.path.join("/dev/shm", name),
+        os.path.join("/tmp", name),
+    ]
+    program = (
+        f"errors = []\nfor path in {targets!r}:\n"
+        "    try:\n"
+        "        with open(path, 'w') as f:\n"
+        "            f.write('pwned')\n"
+        "        print('wrote', path)\n"
+        "    except OSError as e:\n"
+        "        errors.append(e)\n"
+        "if len(errors) == len(" + repr(targets) + "):\n"
+        "    raise errors[-1]\n"
+    )
+    score, info, _ = attack(reward, program)
+    assert (score, info["error_category"]) == (0.0, "runtime_error")
+    assert [t for t in targets if os.path.exists(t)] == []
+
+
+def test_host_environment_is_invisible(reward, monkeypatch):
+    secret = f"secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ROLL_DS_TEST_SECRET", secret)
+    program = (
+        "import os\n"
+        "found = [os.environ.get('ROLL_DS_TEST_SECRET', '')]\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    try:\n"
+        "        found.append(open(f'/proc/{pid}/environ', 'rb').read().decode())\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(next((f for f in found if 'secret-' in f), 'nothing'))\n"
+    )
+    tests = json.dumps({"tests": [{"input": "", "output": secret}]})
+    score, info, _ = attack(reward, program, tests)
+    assert (score, info["error_category"]) == (0.0, "wrong_answer")
+    result = reward.sandbox.run("import os; print(sorted(os.environ))")
+    assert result.stdout.strip() == "['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']"
+
+
+def test_no_network_not_even_the_hosts_loopback(reward):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.3)
+        port = listener.getsockname()[1]
+        program = (
+            "import socket\n"
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'pwned')\n"
+            "print('connected')\n"
+        )
+        tests = json.dumps({"tests": [{"input": "", "output": "connected"}]})
+        score, info, _ = attack(reward, program, tests)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert (score, info["error_category"]) == (0.0, "runtime_error")
+
+
+def test_printing_100_mb(reward):
+    program = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)"
+    score, info, elapsed = attack(reward, program)
+    assert (score, info["error_category"]) == (0.0, "output_limit")
+    assert len(reward.last_results[0].stdout) == LIMITS["max_output_bytes"]
+    assert elapsed < 5
+
+
+def test_best_effort_falls_back_when_namespaces_are_refused(monkeypatch, caplog, tmp_path):
+    """Where the kernel refuses (simulated: the launcher's namespace setup fails on a mount),
+    ``required`` fails at start-up naming the opt-out field, and keeps refusing; ``best_effort``
+    warns and runs without namespaces."""
+    from roll_ds.rewards import sandbox as sandbox_mod
+
+    missing = str(tmp_path / "missing")
+    monkeypatch.setattr(
+        sandbox_mod, "hidden_dirs", lambda *_: [{"path": missing, "keep": [], "make": []}]
+    )
+    strict = Sandbox(SandboxLimits(timeout_s=2), "required", tmp_dir=str(tmp_path))
+    with pytest.raises(SandboxUnavailable, match="network_isolation: best_effort"):
+        strict.probe()
+    with pytest.raises(SandboxUnavailable):
+        strict.run("print('never runs')")
+    fallback = Sandbox(SandboxLimits(timeout_s=2), "best_effort", tmp_dir=str(tmp_path))
+    assert fallback.probe() == []
+    assert "rlimits and timeouts only" in caplog.text
+    assert fallback.run("print(input()[::-1])", "abc\n").stdout == "cba\n"
+
+
+def test_registered_and_validated():
+    assert "code" in REWARD_FNS
+    fn = build_reward_fn({"name": "code", "scoring": "all_or_nothing"}, {"timeout_s": 3.0})
+    assert isinstance(fn, CodeReward) and fn.sandbox.limits.timeout_s == 3.0
+    with pytest.raises(ValueError, match="scoring: 'most'; valid: fraction, all_or_nothing"):
+        CodeReward(scoring="most")
