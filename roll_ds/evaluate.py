@@ -36,7 +36,6 @@ from roll_ds.pipeline.eval_metrics import GREEDY_NAMES, LENGTH_NAMES, PREFIX, SA
 
 if TYPE_CHECKING:
     from roll_ds.config.schema import RLVRConfig
-    from roll_ds.pipeline.rlvr import RLVRPipeline
 
 logger = logging.getLogger("roll_ds.evaluate")
 
@@ -151,71 +150,10 @@ def evaluate_model(cfg: RLVRConfig, model_dir: str | Path) -> tuple[dict[str, fl
 
     pipeline = RLVRPipeline(eval_config(cfg, model_dir))  # data read exactly as training reads it
     try:
-        start_eval_roles(pipeline)
+        pipeline.start(eval_only=True)
         return pipeline.evaluate(), len(pipeline.eval_rows)
     finally:
         pipeline.shutdown()
-
-
-def start_eval_roles(pipeline: RLVRPipeline) -> None:
-    """Start only ``actor_infer`` and the reward roles of ``pipeline`` (what ``evaluate`` uses;
-    the rest of ``RLVRPipeline.start``), serving the pipeline's model as the current policy."""
-    from roll_ds.distributed.cluster import Cluster
-    from roll_ds.distributed.ray_init import connect_from_config
-    from roll_ds.distributed.resource_manager import ResourceManager, role_specs_from_config
-    from roll_ds.pipeline.rlvr import rollout_temperature
-    from roll_ds.pipeline.workers import RewardWorker, RolloutWorker
-    from roll_ds.threads import role_threads
-    from strategies.base import StrategyContext
-
-    cfg = pipeline.cfg
-    pipeline.ray = connect_from_config(cfg)
-    logger.info(pipeline.ray.summary())
-    specs = {
-        name: spec
-        for name, spec in role_specs_from_config(cfg).items()
-        if name == "actor_infer" or name.startswith("rewards.")
-    }
-    resources = ResourceManager(
-        specs, num_gpus_per_node=cfg.num_gpus_per_node, num_nodes=cfg.num_nodes
-    ).reserve()
-    pipeline.resources = resources
-    threads = role_threads(
-        cfg, on_cuda=resources.plan.device_resource == "GPU", plan=resources.plan
-    )
-    eos = pipeline.tokenizer.eos_token_id
-    ctx = StrategyContext(
-        pretrain=pipeline.model_dir,
-        seed=cfg.seed,
-        max_steps=cfg.max_steps,
-        response_length=cfg.response_length,
-        stop_token_ids=(eos,) if eos is not None else (),
-        logprob_temperature=rollout_temperature(cfg),
-    )
-    pipeline.clusters["actor_infer"] = Cluster(
-        "actor_infer",
-        RolloutWorker,
-        resources,
-        init_args=(cfg.actor_infer, ctx),
-        env=cfg.actor_infer.system_envs,
-        num_threads=threads.get("actor_infer"),
-    )
-    for name, reward_cfg in cfg.rewards.items():
-        pipeline.clusters[f"rewards.{name}"] = Cluster(
-            f"rewards.{name}",
-            RewardWorker,
-            resources,
-            init_args=(reward_cfg, ctx),
-            env=reward_cfg.system_envs,
-            num_threads=threads.get(f"rewards.{name}"),
-        )
-    # The engines first: reward models sharing their GPUs start after them, as in start().
-    pipeline.actor_infer.submit("initialize").get()
-    rewards = [pipeline.clusters[f"rewards.{name}"].submit("initialize") for name in cfg.rewards]
-    for call in rewards:
-        call.get()
-    # The engines serve the policy under evaluation: there is no trainer to sync from.
-    pipeline.rollout_version = pipeline.policy_version
 
 
 # --- the report ------------------------------------------------------------------------------

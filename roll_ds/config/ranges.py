@@ -31,7 +31,7 @@ LOSS_AGG_MODES = (
 KL_ESTIMATORS = ("k1", "k2", "k3")  # = roll_ds.algorithms.kl.KL_ESTIMATORS
 RATIO_LEVELS = ("token", "sequence")  # = roll_ds.algorithms.policy_loss.RATIO_LEVELS
 LR_SCHEDULES = ("constant", "linear", "cosine")  # = strategies._common.SCHEDULES
-TEMPLATES = ("raw", "chat")  # roll_ds.pipeline.rollout.encode_prompt
+TEMPLATES = ("raw", "chat")  # roll_ds.data.prompts.prompt_token_ids
 OLD_LOGPROBS = ("recompute", "rollout", "auto")  # roll_ds.pipeline.rlvr
 
 

@@ -17,6 +17,8 @@ from omegaconf import MISSING
 
 EMBEDDED_MODEL = "embedded:tiny-qwen2"
 """``pretrain`` value that makes roll_ds build (and cache) its own tiny Qwen2 model."""
+EMBEDDED_RM = "embedded:tiny-rm"
+"""``model_name_or_path`` of the embedded reward model (roll_ds/models/embedded_rm.py)."""
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -73,12 +75,26 @@ class GeneratingArgs:
 
 @dataclass
 class DataArgs:
-    # jsonl files with rows {"prompt", "ground_truth", "domain"?}; relative paths are resolved
-    # against the directory run.py was started from.
+    # Task files (.jsonl, .json, .parquet) or directories of them; relative paths are resolved
+    # against the directory run.py was started from. .jsonl is read line by line by roll_ds,
+    # .json / .parquet by `datasets` from local files (roll_ds/data/sources.py). Default rows:
+    # {"prompt", "ground_truth", "domain"?, "id"?}; the keys below map other schemas.
     file_name: list[str] = field(default_factory=list)
-    template: str = "raw"  # raw: prompt text as is | chat: the tokenizer's chat template
+    # raw: prompt text as is | chat: rendered with the chat template (needed for `messages`
+    # prompts and system_prompt)
+    template: str = "raw"
+    # Key of the prompt: a string, or a chat `messages` list of {role, content}; a dotted key
+    # (e.g. reward_model.ground_truth) reads a nested field.
     prompt_key: str = "prompt"
-    default_domain: str = "math"
+    answer_key: str = "ground_truth"  # key of the reference answer (a string)
+    # How the answer is read: raw (as is) | gsm8k (the number after the last "####").
+    answer_format: str = "raw"
+    domain_key: str | None = "domain"  # key of the row's domain; null: every row default_domain
+    default_domain: str = "math"  # domain of rows without a domain_key value
+    system_prompt: str | None = None  # system message put before each prompt (template: chat)
+    # null: the tokenizer's own chat template | chatml: a plain ChatML template (for tokenizers
+    # without one, like the embedded model's) | any other string: a Jinja chat template.
+    chat_template: str | None = None
     # Sampling weight of each domain when mixing prompts; empty: proportional to the data.
     domain_interleave_probs: dict[str, float] = field(default_factory=dict)
     max_samples: int | None = None
@@ -111,17 +127,64 @@ class WorkerConfig:
 
 
 @dataclass
+class ScoreTransform:
+    """A reward model's raw score -> its reward term: ``scale * (raw + shift)``, then squashed
+    into (0, 1) by a sigmoid when ``sigmoid`` is true."""
+
+    scale: float = 1.0
+    shift: float = 0.0
+    sigmoid: bool = False
+
+
+@dataclass
+class JudgePattern:
+    """One verdict rule of a generative judge: the first rule whose ``regex`` matches the
+    verdict gives the score."""
+
+    regex: str = MISSING  # Python regex, searched in the judge's generated text
+    score: float | None = None  # None: the regex's first group, read as a number
+
+
+@dataclass
+class JudgeConfig:
+    """A generative judge (reward fn ``judge``): the role's model (a causal LM) is prompted
+    with ``template`` and its verdict parsed by ``patterns`` into a score."""
+
+    # Placeholders: {question} and {response} (required), {reference} (the ground truth).
+    template: str = MISSING
+    patterns: list[JudgePattern] = field(
+        default_factory=lambda: [
+            JudgePattern(regex=r"(?i)\b(incorrect|wrong)\b", score=0.0),
+            JudgePattern(regex=r"(?i)\bcorrect\b", score=1.0),
+        ]
+    )
+    unparsed_score: float = 0.0  # score of a verdict no pattern matches (counted as unparsed)
+    timeout_s: float = 120.0  # per judged batch; a batch past it scores unparsed_score
+
+
+@dataclass
 class RewardConfig(WorkerConfig):
-    """A reward role for one or more data domains (CPU workers unless a model judge is used)."""
+    """A reward role for one or more data domains: rule functions on CPU workers, and optionally
+    a model (``model_args`` + ``strategy_args``) serving a reward model (``head``) or a judge."""
 
     strategy_args: StrategyArgs = field(default_factory=lambda: StrategyArgs(strategy_name=None))
     world_size: int | None = 1
 
     # Domains (the rows' "domain" field) this reward worker group scores.
     tag_included: list[str] = field(default_factory=list)
-    # Reward functions summed with weights, e.g. [{name: math_rule, weight: 1.0}].
+    # Reward functions summed with weights, e.g. [{name: math_rule, weight: 1.0}]; `model` is
+    # the role's reward model, `judge` its judge. A weight-0 term is computed and reported
+    # (a rule's `correct` still gives the accuracy metrics) but does not move the score.
     reward_fns: list[dict[str, Any]] = field(default_factory=list)
     timeout_s: float = 5.0
+    # Discriminative reward model: the head model_args' model is read with,
+    # sequence_classification | value (strategy hf_infer or deepspeed_infer); null: none.
+    head: str | None = None
+    score_transform: ScoreTransform = field(default_factory=ScoreTransform)  # of `model` scores
+    # The model's input text: raw (prompt + response) | chat (the model tokenizer's chat
+    # template, user: prompt, assistant: response; for the judge, user: the filled template).
+    input_template: str = "raw"
+    judge: JudgeConfig | None = None  # generative judge (strategy vllm or hf_infer); null: none
 
 
 @dataclass
@@ -182,6 +245,20 @@ class AsyncGenerationConfig:
 
 
 @dataclass
+class ColocationConfig:
+    """Trainer and rollout engines on the same GPUs take turns holding them
+    (roll_ds/pipeline/colocation.py): the engines start first and sleep while the trainers
+    compute; the trainers are offloaded while the engines generate."""
+
+    # auto: where roles share a GPU with the engines (nothing on CPU machines, nothing under
+    # async_generation) | always: every model role, wherever placed | never: no offloading.
+    offload: str = "auto"
+    # vLLM sleep level while training: 1 keeps the weights in host memory, 2 drops them (the
+    # next sync refills them; not with weight_sync.lora_sync=adapter).
+    sleep_level: int = 1
+
+
+@dataclass
 class WeightSyncConfig:
     """How trained weights reach the rollout engines after every step."""
 
@@ -234,6 +311,13 @@ class ValidationConfig:
     data_args: DataArgs = field(default_factory=DataArgs)
     generating_args: GeneratingArgs = field(default_factory=lambda: GeneratingArgs(temperature=0.0))
     max_prompts: int | None = None
+    # Besides the greedy answer, sample num_samples responses per prompt at sample_temperature
+    # (with generating_args' top_p, top_k, max_new_tokens) and report eval/mean@k and
+    # eval/pass@k, overall and per domain (roll_ds/pipeline/evaluation.py). 0: greedy only.
+    num_samples: int = 0
+    sample_temperature: float = 1.0
+    # The ks of eval/pass@k, each in 1..num_samples; empty: 1, 2, 4, ... and num_samples.
+    pass_k: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -246,10 +330,20 @@ class RLVRConfig:
     # Device ids in device_mapping are global: id // num_gpus_per_node is the node.
     num_gpus_per_node: int = 1
     num_nodes: int = 1
+    # What device ids are: auto (GPUs when the Ray cluster advertises any, else CPU slots), cpu,
+    # or cuda. Decided from the cluster, not the driver's own torch (roll_ds/platform.py).
+    device: str = "auto"
+    # CPUs reserved beside each GPU (its placement bundle; the offload optimizer's threads);
+    # null: the GPU nodes' CPUs split over num_gpus_per_node, one CPU per node left over.
+    cpus_per_gpu: float | None = None
 
     max_steps: int = 100
     save_steps: int = 0  # 0: no periodic checkpoints
     keep_last: int = 3  # complete checkpoints kept on disk (older ones are deleted); 0: all
+    # An eval metric (e.g. eval/accuracy): the checkpoint with its best value is kept as
+    # checkpoints/best (never pruned by keep_last); save_best_mode max or min. Null: off.
+    save_best: str | None = None
+    save_best_mode: str = "max"
     logging_steps: int = 1
     eval_steps: int = 0  # 0: no periodic evaluation
     resume_from_checkpoint: str | None = None
@@ -261,6 +355,7 @@ class RLVRConfig:
 
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     async_generation: AsyncGenerationConfig = field(default_factory=AsyncGenerationConfig)
+    colocation: ColocationConfig = field(default_factory=ColocationConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
@@ -273,6 +368,10 @@ class RLVRConfig:
     reference: WorkerConfig | None = None  # null under LoRA: the actor with its adapter disabled
     critic: WorkerConfig | None = None  # value model (deepspeed_train); adv_estimator gae only
     rewards: dict[str, RewardConfig] = field(default_factory=dict)
+    # Values that replace what the config inherits instead of merging into it (Hydra merges
+    # dicts): mirrors the config, e.g. `replace: {rewards: {...}}` drops the inherited reward
+    # roles; every dict or list met on the way is replaced whole (roll_ds/config/replace.py).
+    replace: dict[str, Any] = field(default_factory=dict)
 
     # DeepSpeed presets merged at the root by `defaults: - ../config/deepspeed_zero3@_here_`;
     # roles reference them as ${deepspeed_zero3}. Only the ones a YAML pulls in are set.

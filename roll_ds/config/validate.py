@@ -37,6 +37,11 @@ from roll_ds.config.schema import (
     RLVRConfig,
     WorkerConfig,
 )
+from roll_ds.data.sources import data_problems
+from roll_ds.pipeline.colocation import colocation_problems
+from roll_ds.pipeline.eval_metrics import eval_config_problems
+from roll_ds.platform import device_problems
+from roll_ds.weight_sync.select import layout_problems
 from strategies.base import STRATEGIES, STRATEGY_SPECS
 
 logger = logging.getLogger(__name__)
@@ -199,8 +204,13 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += _check_lengths(cfg, check_files=check_files)
     problems += _check_algorithm(cfg)
     problems += _check_async(cfg)
+    problems += colocation_problems(cfg)  # roll_ds/pipeline/colocation.py
+    problems += eval_config_problems(cfg)  # validation sampling fields, save_best
+    problems += device_problems(cfg)
+    problems += layout_problems(cfg)  # weight_sync.transport vs shared GPUs (weight_sync/select.py)
     if check_files:
         problems += _check_paths(cfg)
+    problems += data_problems(cfg, check_files=check_files)  # keys, formats, files
     if problems:
         raise ConfigError(problems)
     return warnings
@@ -316,9 +326,11 @@ def _check_devices(cfg: RLVRConfig, name: str, where: RolePlacement) -> list[str
 
 
 def _check_reward(name: str, role: RewardConfig) -> list[str]:
+    from roll_ds.rewards.model_reward import check_model_reward
     from roll_ds.rewards.registry import validate_reward_specs
 
     problems = [f"{name}.{p}" for p in validate_reward_specs(list(role.reward_fns))]
+    problems += check_model_reward(name, role)  # reward model / judge (rewards/model_reward.py)
     if not role.tag_included:
         problems.append(f"{name}.tag_included: list the data domains this role scores")
     return problems
@@ -627,13 +639,9 @@ def _check_paths(cfg: RLVRConfig) -> list[str]:
             f"pretrain: {pretrain!r} does not exist; point it at a local model directory "
             f"(no model hub is reachable at run time) or use {EMBEDDED_MODEL!r}"
         )
-    for where, data in (
-        ("actor_train.data_args", cfg.actor_train.data_args),
-        ("validation.data_args", cfg.validation.data_args),
-    ):
-        for i, path in enumerate(data.file_name):
-            if not Path(path).is_file():
-                problems.append(f"{where}.file_name[{i}]: file {path!r} not found")
     if not cfg.actor_train.data_args.file_name:
-        problems.append("actor_train.data_args.file_name: no training data; list jsonl files")
+        problems.append(
+            "actor_train.data_args.file_name: no training data; list .jsonl / .json / .parquet "
+            "files or directories"
+        )
     return problems

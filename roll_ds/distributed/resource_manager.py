@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,10 +117,13 @@ class ResourceManager:
         self.reserve_s: float | None = None
 
     @classmethod
-    def from_config(cls, cfg: RLVRConfig, **kwargs: Any) -> ResourceManager:
+    def from_config(
+        cls, cfg: RLVRConfig, *, roles: Collection[str] | None = None, **kwargs: Any
+    ) -> ResourceManager:
         """For ``cfg`` on the connected Ray cluster: decides the platform
         (``decide_run_platform``) and, on GPUs, the CPUs per GPU bundle (``cfg.cpus_per_gpu``,
-        or ``placement.cpus_per_gpu`` of the cluster's GPU nodes)."""
+        or ``placement.cpus_per_gpu`` of the cluster's GPU nodes). ``roles``: plan only these
+        (e.g. evaluation's rollout and reward roles); None: every configured role."""
         platform = decide_run_platform(cfg)
         kwargs.setdefault("device_resource", platform.ray_device_resource)
         kwargs.setdefault("visible_devices_env", platform.visible_devices_env)
@@ -129,8 +132,11 @@ class ResourceManager:
             kwargs["cpus_per_device"] = cfg.cpus_per_gpu or cpus_per_gpu(
                 nodes, cfg.num_gpus_per_node, cfg.num_nodes
             )
+        specs = role_specs_from_config(cfg)
+        if roles is not None:
+            specs = {name: spec for name, spec in specs.items() if name in roles}
         return cls(
-            role_specs_from_config(cfg),
+            specs,
             num_gpus_per_node=cfg.num_gpus_per_node,
             num_nodes=cfg.num_nodes,
             **kwargs,

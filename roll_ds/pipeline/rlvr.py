@@ -26,21 +26,38 @@ from roll_ds.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from roll_ds.algorithms.aggregation import AGG_MODES
 from roll_ds.algorithms.kl import KL_ESTIMATORS
 from roll_ds.algorithms.masks import overlong_soft_penalty
-from roll_ds.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from roll_ds.checkpoint import (
+    BestCheckpoint,
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
 from roll_ds.config.estimators import needs_critic
 from roll_ds.config.schema import RLVRConfig
-from roll_ds.data.dataset import load_jsonl_rows
+from roll_ds.data.prompts import prompt_token_ids
 from roll_ds.data.sampler import PromptSampler
+from roll_ds.data.sources import load_rows
 from roll_ds.distributed.batch import Batch, object_array
 from roll_ds.export import ExportInfo, export_run_step, hf_step_dir
 from roll_ds.models.embedded import resolve_pretrain
 from roll_ds.pipeline.advantage import batch_advantages
+from roll_ds.pipeline.colocation import (
+    GENERATE,
+    SYNC,
+    TRACE_FILE,
+    TRAIN,
+    Choreography,
+    ColocationPlan,
+    cluster_runner,
+    colocated_parity,
+    plan_colocation,
+)
+from roll_ds.pipeline.evaluation import evaluate_policy
 from roll_ds.pipeline.losses import PolicyLoss, ValueLoss
 from roll_ds.pipeline.passes import merge_pass_metrics, pass_orders, schedule_steps
 from roll_ds.pipeline.rollout import (
     domain_metrics,
     domain_routes,
-    encode_prompt,
     fit_dynamic_batch,
     group_has_signal,
 )
@@ -134,12 +151,11 @@ class RLVRPipeline:
         self._unreported_sync: dict[str, float] = {}
         self.last_parity: float | None = None  # max |delta| of the latest parity probe
         self._row_index = {id(row): i for i, row in enumerate(self.train_rows)}
+        self.colocation = Choreography(ColocationPlan())  # start() plans it from the placement
 
     @staticmethod
     def _load_rows(data_args: Any) -> list[dict]:
-        rows = []
-        for path in data_args.file_name:
-            rows += load_jsonl_rows(path, default_domain=data_args.default_domain)
+        rows = load_rows(data_args)
         return rows[: data_args.max_samples] if data_args.max_samples else rows
 
     def _encode(self, rows: list[dict], data_args: Any, where: str) -> list[dict]:
@@ -147,7 +163,7 @@ class RLVRPipeline:
         (and counted in the log) with ``data_args.filter_overlong_prompts``."""
         limit = self.cfg.prompt_length
         for row in rows:
-            row["prompt_ids"] = encode_prompt(self.tokenizer, row["prompt"], data_args.template)
+            row["prompt_ids"] = prompt_token_ids(self.tokenizer, row, data_args, where)
         too_long = [row["id"] for row in rows if len(row["prompt_ids"]) > limit]
         if not too_long:
             return rows
@@ -176,7 +192,9 @@ class RLVRPipeline:
 
     # --- start-up --------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, eval_only: bool = False) -> None:
+        """Start every role's actors. ``eval_only`` (``python -m roll_ds.evaluate``): only the
+        rollout engines and the reward roles, serving the loaded model as the current policy."""
         from roll_ds.distributed.cluster import Cluster
         from roll_ds.distributed.ray_init import connect_from_config
         from roll_ds.distributed.resource_manager import ResourceManager
@@ -191,7 +209,9 @@ class RLVRPipeline:
         cfg = self.cfg
         self.ray = connect_from_config(cfg)
         logger.info(self.ray.summary())
-        self.resources = ResourceManager.from_config(cfg).reserve()
+        rewards = [f"rewards.{name}" for name in cfg.rewards]
+        only = ["actor_infer", *rewards] if eval_only else None
+        self.resources = ResourceManager.from_config(cfg, roles=only).reserve()
         eos = self.tokenizer.eos_token_id
         ctx = StrategyContext(
             pretrain=self.model_dir,
@@ -201,13 +221,17 @@ class RLVRPipeline:
             stop_token_ids=(eos,) if eos is not None else (),
             logprob_temperature=rollout_temperature(cfg),
         )
-        threads = role_threads(cfg, on_cuda=self.resources.plan.device_resource == "GPU")
+        threads = role_threads(
+            cfg, on_cuda=self.resources.plan.device_resource == "GPU", plan=self.resources.plan
+        )
         logger.info("threads per actor: %s", threads)
         roles = {"actor_train": ActorTrainWorker, "actor_infer": RolloutWorker}
         if cfg.reference is not None:
             roles["reference"] = StrategyWorker
         if self.use_critic:
             roles["critic"] = CriticWorker
+        if eval_only:
+            roles = {"actor_infer": RolloutWorker}
         for name, cls in roles.items():
             role_cfg = getattr(cfg, name)
             role_ctx = ctx
@@ -228,13 +252,29 @@ class RLVRPipeline:
                 f"rewards.{name}",
                 RewardWorker,
                 self.resources,
-                init_args=(reward_cfg,),
+                init_args=(reward_cfg, ctx),
                 env=reward_cfg.system_envs,
                 num_threads=threads.get(f"rewards.{name}"),
             )
-        pending = [self.clusters[n].submit("initialize") for n in roles]
-        for call in pending:
-            call.get()
+        # Evaluation alone has no trainer to take turns with.
+        plan = (
+            ColocationPlan()
+            if eval_only
+            else plan_colocation(cfg, self.resources.plan.device_resource)
+        )
+        self.colocation = Choreography(
+            plan,
+            run=cluster_runner(self.clusters),
+            trace_path=self.out_dir / TRACE_FILE,
+        )
+        # Roles that share the rollout engines' GPUs start after them (colocation.py: why).
+        for stage in self.colocation.start_stages([*roles, *rewards]):  # rewards load meanwhile
+            pending = [self.clusters[n].submit("initialize") for n in stage]
+            for call in pending:
+                call.get()
+            self.colocation.started(stage)
+        if eval_only:  # no trainer to sync from: the engines serve the policy under evaluation
+            self.rollout_version = self.policy_version
 
     def shutdown(self) -> None:
         """Stop every role's actors and give their placement groups back, so the same Ray
@@ -295,7 +335,7 @@ class RLVRPipeline:
                     tracker.log(metrics, step=done)
                 bar.set_postfix(_postfix(metrics))
                 if cfg.save_steps and done % cfg.save_steps == 0:
-                    self.save_checkpoint(done)
+                    self.save_checkpoint(done, metrics)
         finally:
             tracker.close()
         rows = read_metrics(self.out_dir / "metrics.jsonl")
@@ -312,6 +352,7 @@ class RLVRPipeline:
         )
         last = getattr(self, "exported", None)  # every_save may have exported this step
         if cfg.export.at_end and last != hf_step_dir(self.out_dir, cfg.max_steps):
+            self.colocation.enter(TRAIN, self.policy_version)
             self.exported = export_run_step(self.actor_train, self.out_dir, cfg.max_steps)
         return rows
 
@@ -328,6 +369,7 @@ class RLVRPipeline:
         with timed(timings, "rollout"):
             batch, rollout_stats = self._rollout(step)
         with timed(timings, "logprobs"):
+            self.colocation.enter(TRAIN, self.policy_version)  # trainers loaded, engines asleep
             staleness = rollout_stats["rollout/staleness"]
             rollout_stats.update(self._logprobs(batch, staleness=staleness))
         with timed(timings, "advantage"):
@@ -344,6 +386,8 @@ class RLVRPipeline:
         metrics.update(sync_metrics)
         metrics.update(timings)
         metrics["time/step"] = sum(timings.values())
+        if self.colocation.active:  # offload / sleep / wake calls, inside the phases' times
+            metrics["colocation/seconds"] = self.colocation.pop_seconds()
         # End to end: per second of the whole step (generation may overlap training).
         step_s = max(metrics["time/step"], 1e-9)
         metrics["throughput/generated_tokens_per_s"] = float(batch["response_mask"].sum()) / step_s
@@ -466,7 +510,7 @@ class RLVRPipeline:
         reload each, prefix cache dropped), then check parity. Returns ``sync/*`` metrics:
         seconds, bytes, gbps, ... and ``sync/parity_max_abs_diff`` / ``_mean_abs_diff``; empty
         when the engines already serve the trainer's version."""
-        if self.rollout_version == self.policy_version:
+        if self.rollout_version == self.policy_version and not self.colocation.needs_sync:
             return {}
         metrics = self._sync_weights()
         self.rollout_version = self.policy_version
@@ -483,7 +527,9 @@ class RLVRPipeline:
                 self.actor_infer,
                 rollout_dtype=self.cfg.actor_infer.model_args.dtype,
             )
+        self.colocation.enter(SYNC, self.policy_version)  # trainer loaded, engine weights awake
         metrics = self.weight_transport.sync(self.actor_train, self.actor_infer)
+        self.colocation.synced(self.policy_version)
         self.last_parity = None
         if ws.parity_check:
             metrics.update(self._weight_parity(metrics))
@@ -507,6 +553,15 @@ class RLVRPipeline:
             f"{int(sync_metrics.get('sync/num_tensors', 0))} tensors, trainer "
             f"{dtypes[0]} -> {self.actor_infer.name} {dtypes[1]}"
         )
+        if self.colocation.active:  # the trainer scores, leaves the GPU, then the engines do
+            return colocated_parity(
+                self.actor_train,
+                self.actor_infer,
+                self.parity_probe,
+                max_abs_diff=bound,
+                what=what,
+                between=lambda: self.colocation.enter(GENERATE, self.policy_version),
+            )
         return check_parity(
             self.actor_train, self.actor_infer, self.parity_probe, max_abs_diff=bound, what=what
         )
@@ -568,6 +623,7 @@ class RLVRPipeline:
 
     def _submit_generation(self, prompts: list[dict], seed: int) -> Any:
         """Start ``n`` samples per prompt on the rollout engines; a pending call."""
+        self.colocation.enter(GENERATE, self.policy_version)
         prompt_batch = Batch(
             non_tensors={
                 "prompt_ids": [p["prompt_ids"] for p in prompts],
@@ -681,43 +737,20 @@ class RLVRPipeline:
     # --- evaluation and checkpoints --------------------------------------------------------
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy of the trainer's current policy on the held-out rows (synced into the
-        rollout engines first if they lag; the next step then reports that sync's metrics)."""
+        """Greedy accuracy (and, with ``validation.num_samples``, mean@k / pass@k) of the
+        trainer's current policy on the held-out rows, per domain; see
+        ``roll_ds/pipeline/eval_metrics.py``. The rollout engines are synced first if they lag
+        (the next step then reports that sync's metrics)."""
         self._unreported_sync.update(self.sync_weights())
-        gen = self.cfg.validation.generating_args
-        prompt_batch = Batch(
-            non_tensors={
-                "prompt_ids": [r["prompt_ids"] for r in self.eval_rows],
-                "row": range(len(self.eval_rows)),
-            }
-        )
-        out = self.actor_infer.generate(
-            prompt_batch,
-            seed=self.cfg.seed,
-            n=1,
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            top_k=gen.top_k,
-            max_new_tokens=gen.max_new_tokens or self.cfg.response_length,
-        )
-        rows = [self.eval_rows[r] for r in out["row"]]
-        samples = Batch(
-            non_tensors={
-                "prompt": [r["prompt"] for r in rows],
-                "ground_truth": [r["ground_truth"] for r in rows],
-                "domain": [r["domain"] for r in rows],
-                "response_text": [
-                    self.tokenizer.decode(ids, skip_special_tokens=True)
-                    for ids in out["response_ids"]
-                ],
-            }
-        )
-        self._score(samples)
-        return domain_metrics(
-            "eval", list(samples["domain"]), samples["scores"].tolist(), samples["reward_info"]
+        self.colocation.enter(GENERATE, self.policy_version)
+        return evaluate_policy(
+            self.actor_infer, self._score, self.tokenizer, self.eval_rows, self.cfg
         )
 
-    def save_checkpoint(self, step: int) -> Path:
+    def save_checkpoint(self, step: int, metrics: dict[str, float] | None = None) -> Path:
+        """Save checkpoint ``step``; with ``save_best``, keep it as ``checkpoints/best`` too if
+        ``metrics`` (this step's, eval included) hold the best value so far."""
+        self.colocation.enter(TRAIN, self.policy_version)  # engine states back on their GPUs
         partial = self.checkpoints.begin(step)
         saves = [
             self.clusters[n].submit("save_checkpoint", str(partial / n), "engine")
@@ -736,6 +769,15 @@ class RLVRPipeline:
             "exp_name": self.cfg.exp_name,
         }
         final = self.checkpoints.commit(partial, state)
+        if self.cfg.save_best:
+            if getattr(self, "best", None) is None:  # a resumed run goes on from its record
+                self.best = BestCheckpoint(
+                    self.checkpoints.root,
+                    self.cfg.save_best,
+                    self.cfg.save_best_mode,
+                    resume=bool(self.cfg.resume_from_checkpoint),
+                )
+            self.best.offer(final, step, metrics or {})
         if self.cfg.export.every_save:
             self.exported = export_run_step(self.actor_train, self.out_dir, step)
         return final

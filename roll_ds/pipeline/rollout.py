@@ -1,32 +1,19 @@
 """Driver-side rollout bookkeeping: prompts in, a scored and packed training batch out.
 
 Pure functions over plain Python and torch (no Ray), so each step of the RLVR loop is testable
-on its own: encoding prompts, routing responses to reward roles by domain, group filtering for
+on its own: routing responses to reward roles by domain, group filtering for
 dynamic sampling, and the per-domain metrics.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
 from roll_ds.distributed.batch import Batch
-
-
-def encode_prompt(tokenizer: Any, text: str, template: str) -> list[int]:
-    """Token ids of one prompt: ``raw`` uses the text as is, ``chat`` the tokenizer's template."""
-    if template == "chat":
-        return list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
-        )
-    if template != "raw":
-        raise ValueError(f"data_args.template: unknown template {template!r}; valid: raw, chat")
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def domain_routes(
@@ -78,6 +65,22 @@ def domain_metrics(
             out[f"{tag}accuracy"] = float(correct[sel & has_correct].mean())
     out[f"{prefix}/timeouts"] = float(sum(bool(i.get("timed_out")) for i in infos))
     out[f"{prefix}/errors"] = float(sum(bool(i.get("error")) for i in infos))
+    out.update(_failure_counts(prefix, infos))
+    return out
+
+
+def _failure_counts(prefix: str, infos: Sequence[Mapping]) -> dict[str, float]:
+    """Rewards that say *why* a sample failed: the code reward's ``error_category`` (timeout,
+    memory, output_limit, ...; ``passed`` is not a failure) and the judge's unparsed verdicts,
+    as counts of samples (only the keys some sample reported)."""
+    out: dict[str, float] = {}
+    categories = Counter(
+        i["error_category"] for i in infos if i.get("error_category") not in (None, "passed")
+    )
+    for category, n in sorted(categories.items()):
+        out[f"{prefix}/failures/{category}"] = float(n)
+    if any("judge_unparsed" in i for i in infos):
+        out[f"{prefix}/judge_unparsed"] = float(sum(bool(i.get("judge_unparsed")) for i in infos))
     return out
 
 

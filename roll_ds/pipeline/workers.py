@@ -55,12 +55,15 @@ class StrategyWorker(Worker):
         return Batch({key: out["logprobs_BT"].float().cpu()})
 
     @register(Dispatch.ALL)
-    def offload_states(self) -> None:
-        self.strategy.offload_states()
+    def offload_states(self, **kwargs: Any) -> None:
+        """Free device memory for a colocated role (``roll_ds/pipeline/colocation.py``);
+        ``kwargs`` are the strategy's (vLLM: ``level``)."""
+        self.strategy.offload_states(**kwargs)
 
     @register(Dispatch.ALL)
-    def reload_states(self) -> None:
-        self.strategy.reload_states()
+    def reload_states(self, **kwargs: Any) -> None:
+        """Undo ``offload_states``; ``kwargs`` are the strategy's (vLLM: ``tags``)."""
+        self.strategy.reload_states(**kwargs)
 
 
 class TrainWorker(StrategyWorker):
@@ -135,14 +138,23 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
 
 
 class RewardWorker(Worker):
-    """A rank of a reward role: scores responses of its domains with rule-based reward fns."""
+    """A rank of a reward role: scores responses of its domains with rule-based reward fns and,
+    when the role names a model, its reward model or judge (``rewards/model_reward.py``)."""
 
-    def __init__(self, reward_cfg: RewardConfig) -> None:
+    def __init__(self, reward_cfg: RewardConfig, ctx: StrategyContext | None = None) -> None:
         super().__init__()
-        from roll_ds.rewards.scorer import RewardScorer
+        self.reward_cfg = reward_cfg
+        self.ctx = ctx
+        self.scorer: Any = None
 
-        self.scorer = RewardScorer(reward_cfg)
+    @register(Dispatch.ALL)
+    def initialize(self) -> dict[str, Any]:
+        """Load the role's model (if any) and warm the rule functions up."""
+        from roll_ds.rewards.model_reward import build_role_scorer
+
+        self.scorer = build_role_scorer(self.reward_cfg, self.ctx)
         self.scorer.warmup()
+        return {"rank": self.rank}
 
     @register(Dispatch.DP)
     def score(self, batch: Batch) -> Batch:

@@ -87,6 +87,25 @@ def test_domain_metrics_by_hand():
     assert out["eval/b/accuracy"] == 1.0
     assert out["eval/b/score"] == 0.75
     assert out["eval/timeouts"] == 1.0
+    assert not any(k.startswith("eval/failures") or "judge" in k for k in out)  # none reported
+
+
+def test_domain_metrics_count_failure_categories_and_unparsed_verdicts():
+    from roll_ds.pipeline.rollout import domain_metrics
+
+    infos = [
+        {"correct": True, "error_category": "passed"},
+        {"correct": False, "error_category": "timeout"},
+        {"correct": False, "error_category": "timeout"},
+        {"correct": False, "error_category": "output_limit"},
+        {"correct": False, "judge_unparsed": True},
+        {"correct": True, "judge_unparsed": False},
+    ]
+    out = domain_metrics("rollout", ["code"] * 4 + ["qa"] * 2, [1, 0, 0, 0, 0, 1], infos)
+    assert out["rollout/failures/timeout"] == 2.0
+    assert out["rollout/failures/output_limit"] == 1.0
+    assert "rollout/failures/passed" not in out
+    assert out["rollout/judge_unparsed"] == 1.0
 
 
 # --- issue 10: dynamic sampling padding, mask_truncated, overlong penalty ---------------------
