@@ -69,7 +69,7 @@ def bench_hf(model_path: str, args, batches: dict[int, list[list[int]]]) -> dict
     import torch
     from transformers import AutoModelForCausalLM
 
-    from strategies._common import torch_dtype
+    from roll_ds.models.tensors import torch_dtype
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(args.dtype)).eval()
     results = {}

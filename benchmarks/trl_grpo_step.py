@@ -296,7 +296,7 @@ def build_trainer(
 
     from roll_ds.models.embedded import resolve_pretrain
     from roll_ds.models.loading import lora_config
-    from strategies._common import torch_dtype
+    from roll_ds.models.tensors import torch_dtype
 
     args = trl.GRPOConfig(
         output_dir=str(output_dir),

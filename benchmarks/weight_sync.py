@@ -145,7 +145,7 @@ def _pp_units(worker: Any) -> list:
 def _pp_gather(worker: Any, index: int) -> list:
     import torch
 
-    from strategies._weights import _gathered
+    from roll_ds.models.weights import _gathered
 
     unit = _pp_units(worker)[index]
     with torch.no_grad(), _gathered(unit.params):
@@ -240,7 +240,7 @@ def role_configs(args, model_dir: str):
     from _train_helpers import preset
 
     from roll_ds.config.schema import ModelArgs, StrategyArgs, TrainingArgs, WorkerConfig
-    from strategies.base import StrategyContext
+    from roll_ds.strategy import StrategyContext
 
     zero = {"stage3_param_persistence_threshold": 0} if args.zero_stage == 3 else {}
     train = WorkerConfig(

@@ -162,7 +162,7 @@ def _measure(label: str, preset: str, stage: int, args: argparse.Namespace, mode
 
     from roll_ds.config.schema import ModelArgs, TrainingArgs
     from strategies import _common
-    from strategies.deepspeed_train import DeepSpeedTrainStrategy
+    from strategies.deepspeed.train import DeepSpeedTrainStrategy
 
     with open(os.path.join(REPO, "examples", "config", f"{preset}.yaml")) as f:
         cfg = yaml.safe_load(f)[preset]

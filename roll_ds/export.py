@@ -14,7 +14,7 @@ The converter consolidates the ZeRO-3 shards of ``actor_train`` with DeepSpeed's
 (the fp32 master weights; ZeRO 0-2 checkpoints hold the module itself). Under LoRA
 the checkpoint holds only the adapter (frozen parameters are not saved): the base model comes from
 the ``pretrain`` the checkpoint's ``export_info.json`` records (``--base`` overrides it), and the
-weights are merged exactly as the run's own export merges them (``strategies._weights``).
+weights are merged exactly as the run's own export merges them (``roll_ds.models.weights``).
 
 Every directory is written as ``<dir>.partial`` and renamed into place once complete and
 fsynced, so a reader never sees half an export. DeepSpeed checkpoints are pickles: convert only
@@ -242,7 +242,7 @@ def convert_checkpoint(
     """Write the policy of ``checkpoint`` (a pipeline checkpoint or the ``checkpoints``
     directory) to ``out``: an HF model directory (LoRA merged, plus ``adapter/`` under LoRA),
     or with ``adapter_only`` the peft adapter directory alone. Returns what was written."""
-    from strategies._weights import write_adapter, write_hf_model
+    from roll_ds.models.weights import write_adapter, write_hf_model
 
     ckpt = locate_checkpoint(checkpoint)
     info = ExportInfo.load(ckpt)

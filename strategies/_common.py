@@ -1,4 +1,5 @@
-"""Pieces every torch-based strategy shares: token log-probs and entropy from logits, the forward
+"""Pieces every torch-based strategy shares (dtypes and position ids are the core's,
+``roll_ds.models.tensors``): token log-probs and entropy from logits, the forward
 pass that produces them, micro-batching, LR schedules and process-group setup.
 
 Shapes: ``B`` batch, ``T`` sequence length, ``V`` vocabulary. Log-probs are those of
@@ -18,15 +19,7 @@ from typing import Any
 import torch
 
 from roll_ds.algorithms.kl import entropy_from_logits  # the one masked implementation
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
-    return DTYPES[name]
-
+from roll_ds.models.tensors import position_ids_from_mask
 
 # ---------------------------------------------------------------------------------------------
 # log-probs and entropy
@@ -37,12 +30,6 @@ def logprobs_from_logits(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> t
     logits_BTV = logits_BTV.float()
     picked_BT = torch.gather(logits_BTV, -1, labels_BT.unsqueeze(-1)).squeeze(-1)
     return picked_BT - torch.logsumexp(logits_BTV, dim=-1)
-
-
-def position_ids_from_mask(attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """0, 1, 2, ... counted over real tokens only, so left padding does not shift positions
-    (what vLLM sees for the same unpadded sequence). Padding positions get 0."""
-    return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def check_temperature(temperature: float) -> float:

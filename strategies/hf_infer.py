@@ -13,8 +13,8 @@ import torch
 from roll_ds.config.schema import GeneratingArgs, ModelArgs, WorkerConfig
 from roll_ds.models.loading import load_causal_lm, resolve_model_path
 from roll_ds.models.reward_model import check_head, forward_scores, load_reward_model
+from roll_ds.strategy import StrategyContext
 from strategies import _common
-from strategies.base import StrategyContext
 
 RESULT_KEYS = (
     "prompt_index",

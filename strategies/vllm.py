@@ -52,8 +52,8 @@ from roll_ds.config.plain import plain_dict
 from roll_ds.config.schema import GeneratingArgs, WorkerConfig
 from roll_ds.log_noise import quiet_vllm, vllm_log_env
 from roll_ds.platform import current_platform
+from roll_ds.strategy import StrategyContext
 from roll_ds.weight_sync.adapter import AdapterVersions, write_adapter
-from strategies.base import StrategyContext
 from strategies.vllm_start import (
     START_TIMEOUT_ENV,
     START_TIMEOUT_S,

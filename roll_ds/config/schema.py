@@ -25,7 +25,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 @dataclass
 class StrategyArgs:
-    # Backend of the role, looked up in ``strategies.base.STRATEGIES`` (e.g. deepspeed_train, vllm).
+    # Backend of the role, looked up in ``roll_ds.strategy.STRATEGIES`` (deepspeed_train, vllm...).
     # Null only for reward roles that score with rules on CPU.
     strategy_name: str | None = MISSING
     # Backend-specific settings: for deepspeed_* the DeepSpeed JSON, usually ``${deepspeed_zero3}``;

@@ -55,15 +55,9 @@ class Cluster:
         None: 1 for actors on CPU slots and CPU-only roles, else the CPUs the actor reserved.
         ``actor_options``: extra ``.options()`` for every actor (e.g. ``max_concurrency``).
         """
-        if placements is None:
-            if resource_manager is None:
-                raise ValueError("Cluster needs a resource_manager or explicit placements")
-            placements = resource_manager.placements(name)
-        if not placements:
-            raise ValueError(f"{name}: no placements (world_size 0)")
+        self.placements = _role_placements(name, resource_manager, placements)
         self.name = name
         self.worker_cls, actor_cls = _resolve(worker_cls)
-        self.placements = list(placements)
         self.call_timeout_s = call_timeout_s
         self.infos: list[dict[str, Any]] = []
         self.actors: list[ActorHandle] = []
@@ -71,32 +65,17 @@ class Cluster:
 
         start = time.perf_counter()
         self.master_node_id, self.master_addr, self.master_port = self._probe_master()
-        rank_env = _thread_env(num_threads, self.placements[0], device_resource)
-        rank_env.update(
-            ROLL_DS_ROLE=name,
-            WORLD_SIZE=str(self.world_size),
-            MASTER_ADDR=self.master_addr,
-            MASTER_PORT=str(self.master_port),
-        )
+        rank_env = self._role_env(num_threads, device_resource)
         # The role's system_envs go through Ray's runtime_env, so they are set before the worker's
         # module is imported; that costs ~1-2 s per actor start on a 2-core box, so the per-rank
         # variables are set in the actor process right before Worker.__init__ instead.
         self.system_envs = {k: str(v) for k, v in (env or {}).items()}
         runtime_env = {"env_vars": self.system_envs} if self.system_envs else None
-        kwargs = dict(init_kwargs or {})
         try:
-            for p in self.placements:
-                options = self._options(p, runtime_env)
-                options.update(actor_options or {})
-                self.actors.append(
-                    actor_cls.options(**options).remote(
-                        *init_args, _roll_ds_env=_rank_env(rank_env, p), **kwargs
-                    )
-                )
-            refs = [a._roll_info.remote() for a in self.actors]
-            self.infos = self._gather(
-                "__init__", list(range(self.world_size)), refs, start_timeout_s
+            self._start_actors(
+                actor_cls, rank_env, runtime_env, init_args, init_kwargs or {}, actor_options or {}
             )
+            self.infos = self._wait_started(start_timeout_s)
         except BaseException:
             self.shutdown()
             raise
@@ -123,6 +102,41 @@ class Cluster:
                 f"{self.name}: could not run a 0-CPU probe task on rank 0's node within 60 s "
                 f"(node {first.node_id or 'any'}); is the node alive?"
             ) from None
+
+    def _role_env(self, num_threads: int | None, device_resource: str | None) -> dict[str, str]:
+        """The variables every rank gets: threads, role, world size and rank 0's address."""
+        rank_env = _thread_env(num_threads, self.placements[0], device_resource)
+        rank_env.update(
+            ROLL_DS_ROLE=self.name,
+            WORLD_SIZE=str(self.world_size),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
+        return rank_env
+
+    def _start_actors(
+        self,
+        actor_cls: ActorClass,
+        rank_env: Mapping[str, str],
+        runtime_env: dict | None,
+        init_args: tuple,
+        init_kwargs: Mapping[str, Any],
+        actor_options: Mapping[str, Any],
+    ) -> None:
+        """One actor per placement (appended to ``self.actors`` as it starts)."""
+        for p in self.placements:
+            options = self._options(p, runtime_env)
+            options.update(actor_options)
+            self.actors.append(
+                actor_cls.options(**options).remote(
+                    *init_args, _roll_ds_env=_rank_env(rank_env, p), **init_kwargs
+                )
+            )
+
+    def _wait_started(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Every rank's info once its ``Worker.__init__`` returned (bounded by ``timeout_s``)."""
+        refs = [a._roll_info.remote() for a in self.actors]
+        return self._gather("__init__", list(range(self.world_size)), refs, timeout_s)
 
     def _options(self, p: ActorPlacement, runtime_env: dict | None) -> dict[str, Any]:
         options = dict(p.options)
@@ -231,6 +245,21 @@ class PendingCall:
         timeout_s = self.cluster.call_timeout_s if timeout_s is None else timeout_s
         results = self.cluster._gather(self.method, self.ranks, self.refs, timeout_s)
         return collect(self.spec, results)
+
+
+def _role_placements(
+    name: str,
+    resource_manager: ResourceManager | None,
+    placements: Sequence[ActorPlacement] | None,
+) -> list[ActorPlacement]:
+    """The explicit ``placements``, else the resource manager's for ``name``; never empty."""
+    if placements is None:
+        if resource_manager is None:
+            raise ValueError("Cluster needs a resource_manager or explicit placements")
+        placements = resource_manager.placements(name)
+    if not placements:
+        raise ValueError(f"{name}: no placements (world_size 0)")
+    return list(placements)
 
 
 def _resolve(worker_cls: type[Worker] | ActorClass) -> tuple[type, ActorClass]:

@@ -116,6 +116,30 @@ def plan_placement(
     if cpus_per_cpu_worker <= 0:
         raise PlacementError(f"cpus_per_cpu_worker must be > 0, got {cpus_per_cpu_worker}")
     gpn = num_gpus_per_node
+    groups, sharing = _group_devices(roles, gpn, num_nodes)
+    node_devices = _node_devices(sharing, gpn)
+    bundle_of = {(n, ld): i for n, lds in node_devices.items() for i, ld in enumerate(lds)}
+    device_cpus = 1.0 if device_resource == "CPU" else cpus_per_device
+    slots: dict[str, tuple[WorkerSlot, ...]] = {}
+    for name, spec in roles.items():
+        if not spec.devices:
+            slots[name] = _cpu_slots(name, spec.world_size, cpus_per_cpu_worker)
+        else:
+            slots[name] = _device_slots(name, groups[name], sharing, bundle_of, gpn, device_cpus)
+    return PlacementPlan(
+        num_gpus_per_node=gpn,
+        device_resource=device_resource,
+        cpus_per_device=device_cpus,
+        node_devices=node_devices,
+        slots=slots,
+        sharing={d: tuple(r) for d, r in sorted(sharing.items())},
+    )
+
+
+def _group_devices(
+    roles: Mapping[str, RoleSpec], gpn: int, num_nodes: int | None
+) -> tuple[dict[str, list[tuple[int, ...]]], dict[int, list[str]]]:
+    """Each device role's worker groups, and device -> the roles on it (in role order)."""
     sharing: dict[int, list[str]] = defaultdict(list)
     groups: dict[str, list[tuple[int, ...]]] = {}
     for name, spec in roles.items():
@@ -126,51 +150,52 @@ def plan_placement(
         groups[name] = _worker_groups(name, spec, gpn, num_nodes)
         for d in spec.devices:
             sharing[d].append(name)
+    return groups, sharing
 
+
+def _node_devices(sharing: Mapping[int, list[str]], gpn: int) -> dict[int, tuple[int, ...]]:
+    """Logical node -> its used local devices, sorted (bundle ``i`` is the ``i``-th)."""
     node_devices: dict[int, set[int]] = defaultdict(set)
     for d in sharing:
         node_devices[d // gpn].add(d % gpn)
-    local_order = {n: tuple(sorted(locals_)) for n, locals_ in node_devices.items()}
-    bundle_of = {(n, ld): i for n, lds in local_order.items() for i, ld in enumerate(lds)}
-    device_cpus = 1.0 if device_resource == "CPU" else cpus_per_device
+    return {n: tuple(sorted(locals_)) for n, locals_ in node_devices.items()}
 
-    slots: dict[str, tuple[WorkerSlot, ...]] = {}
-    for name, spec in roles.items():
-        if not spec.devices:
-            slots[name] = tuple(
-                WorkerSlot(name, r, (), None, (), (), r, 0.0, cpus_per_cpu_worker)
-                for r in range(spec.world_size)
+
+def _cpu_slots(name: str, world_size: int, cpus: float) -> tuple[WorkerSlot, ...]:
+    """A CPU-only role's actors: anywhere, ``cpus`` each."""
+    return tuple(WorkerSlot(name, r, (), None, (), (), r, 0.0, cpus) for r in range(world_size))
+
+
+def _device_slots(
+    name: str,
+    groups: list[tuple[int, ...]],
+    sharing: Mapping[int, list[str]],
+    bundle_of: Mapping[tuple[int, int], int],
+    gpn: int,
+    device_cpus: float,
+) -> tuple[WorkerSlot, ...]:
+    """A device role's workers: node, bundles and the share of their first device's bundle."""
+    per_node_count: dict[int, int] = defaultdict(int)
+    role_slots = []
+    for rank, group in enumerate(groups):
+        node = group[0] // gpn
+        local = tuple(d % gpn for d in group)
+        share = _share(len(sharing[group[0]]))
+        role_slots.append(
+            WorkerSlot(
+                role=name,
+                rank=rank,
+                devices=group,
+                node=node,
+                local_devices=local,
+                bundles=tuple(bundle_of[(node, ld)] for ld in local),
+                node_local_rank=per_node_count[node],
+                device_share=share,
+                cpu_share=_round_down(device_cpus * share),
             )
-            continue
-        per_node_count: dict[int, int] = defaultdict(int)
-        role_slots = []
-        for rank, group in enumerate(groups[name]):
-            node = group[0] // gpn
-            local = tuple(d % gpn for d in group)
-            share = _share(len(sharing[group[0]]))
-            role_slots.append(
-                WorkerSlot(
-                    role=name,
-                    rank=rank,
-                    devices=group,
-                    node=node,
-                    local_devices=local,
-                    bundles=tuple(bundle_of[(node, ld)] for ld in local),
-                    node_local_rank=per_node_count[node],
-                    device_share=share,
-                    cpu_share=_round_down(device_cpus * share),
-                )
-            )
-            per_node_count[node] += 1
-        slots[name] = tuple(role_slots)
-    return PlacementPlan(
-        num_gpus_per_node=gpn,
-        device_resource=device_resource,
-        cpus_per_device=device_cpus,
-        node_devices=local_order,
-        slots=slots,
-        sharing={d: tuple(r) for d, r in sorted(sharing.items())},
-    )
+        )
+        per_node_count[node] += 1
+    return tuple(role_slots)
 
 
 def _worker_groups(
@@ -324,32 +349,3 @@ def format_plan(plan: PlacementPlan, nodes: Mapping[int, NodeInfo] | None = None
         shares = sorted({s.device_share for s in slots})
         lines.append(f"{role}: {cells}  ({plan.device_resource} share {shares})")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m roll_ds.distributed.placement CONFIG [overrides...]``: print the plan, no Ray."""
-    import sys
-
-    from roll_ds.config import load_config
-    from roll_ds.distributed.resource_manager import role_specs_from_config
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        raise SystemExit("usage: python -m roll_ds.distributed.placement CONFIG [key=value ...]")
-    cfg = load_config(args[0], args[1:], check_files=False)
-    plan = plan_placement(
-        role_specs_from_config(cfg),
-        num_gpus_per_node=cfg.num_gpus_per_node,
-        num_nodes=cfg.num_nodes,
-        device_resource="CPU" if cfg.device == "cpu" else "GPU",
-        cpus_per_device=cfg.cpus_per_gpu or 1.0,
-    )
-    view = "CPU slots" if cfg.device == "cpu" else "GPU view"
-    print(f"num_gpus_per_node {cfg.num_gpus_per_node}, num_nodes {cfg.num_nodes} ({view})")
-    if cfg.device != "cpu" and cfg.cpus_per_gpu is None:
-        print("CPUs per GPU bundle: shown as 1; on the cluster cpus_per_gpu(nodes) decides")
-    print(format_plan(plan))
-
-
-if __name__ == "__main__":
-    main()

@@ -62,7 +62,7 @@ class ActorPlacement:
 
 def role_specs_from_config(cfg: RLVRConfig) -> dict[str, RoleSpec]:
     """Flatten every configured role of ``cfg`` into a ``RoleSpec``."""
-    from roll_ds.config.validate import placement, role_configs
+    from roll_ds.distributed.role_placement import placement, role_configs
 
     specs = {}
     for name, role in role_configs(cfg):

@@ -74,7 +74,7 @@ def load_causal_lm(
     """
     from transformers import AutoModelForCausalLM
 
-    from strategies._common import torch_dtype
+    from roll_ds.models.tensors import torch_dtype
 
     kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "trust_remote_code": trust_remote_code}
     impl = attn_implementation(attn_impl)

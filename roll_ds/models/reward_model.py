@@ -6,7 +6,7 @@ Two heads, both a scalar read at the sequence's last token:
   usual format of trained reward models (for Qwen2 ``Qwen2ForSequenceClassification``; its head
   is ``score``). A checkpoint trained as such loads with its head; a plain causal-LM checkpoint
   gets a fresh head (transformers warns about it).
-- ``value``: the project's value model (``strategies/_value_model.py``, a token-classification
+- ``value``: the project's value model (``roll_ds/models/value_model.py``, a token-classification
   head as the critic uses), read at the last token.
 
 Sequences are left-padded with position ids counted over real tokens, so the last column is
@@ -45,12 +45,12 @@ def load_reward_model(
     stage-3 ``zero3_config`` (every rank calls this together)."""
     check_head(head)
     if head == "value":
-        from strategies._value_model import load_value_model
+        from roll_ds.models.value_model import load_value_model
 
         return load_value_model(path, dtype=dtype, attn_impl=attn_impl, zero3_config=zero3_config)
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from strategies._common import torch_dtype
+    from roll_ds.models.tensors import torch_dtype
 
     path = resolve_model_path(path)
     config = AutoConfig.from_pretrained(path, num_labels=1)
@@ -79,7 +79,7 @@ def forward_scores(
     model: Any, head: str, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor
 ) -> torch.Tensor:
     """``scores_B`` (fp32): the head's output at each left-padded row's last token."""
-    from strategies._common import position_ids_from_mask
+    from roll_ds.models.tensors import position_ids_from_mask
 
     out = model(
         input_ids=input_ids_BT,

@@ -21,7 +21,7 @@ from roll_ds.pipeline.eval_metrics import (
 )
 from roll_ds.pipeline.rollout import domain_metrics
 
-Score = Callable[[Batch], None]  # fills ``scores`` and ``reward_info`` (RLVRPipeline._score)
+Score = Callable[[Batch], None]  # fills ``scores`` and ``reward_info`` (RolloutPhase.score)
 
 
 def evaluate_policy(

@@ -13,10 +13,12 @@ rows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from roll_ds.config.schema import RLVRConfig
+from roll_ds.distributed.batch import Batch
 
 SUMMED = ("optimizer_steps",)  # counted over passes; every other metric is averaged
 LAST = ("lr",)  # the LR of the last pass
@@ -49,10 +51,47 @@ def merge_pass_metrics(per_pass: Sequence[Mapping[str, float]]) -> dict[str, flo
     return merged
 
 
+def train_passes(
+    clusters: Mapping[str, Any],
+    batch: Batch,
+    jobs: Mapping[str, tuple[Sequence[str], Any]],
+    *,
+    ppo_epochs: int,
+    seed: int,
+) -> dict[str, float]:
+    """``ppo_epochs`` passes of every training role in ``jobs`` (``{role: (columns, loss_fn)}``)
+    over ``batch``, the roles side by side on the same row order. Metrics: ``actor_train``'s
+    unprefixed (``grad_norm``, ``lr``, ...) as the loss names them, the critic's under
+    ``critic/``."""
+    parts = {
+        name: batch.select(*[k for k in keys if k in batch], meta=False)
+        for name, (keys, _) in jobs.items()
+    }
+    per_pass: dict[str, list[dict[str, float]]] = {name: [] for name in jobs}
+    for order in pass_orders(len(batch), ppo_epochs, seed):
+        calls = {
+            name: clusters[name].submit("train_step", parts[name].index(order), loss_fn)
+            for name, (_, loss_fn) in jobs.items()
+        }
+        for name, call in calls.items():
+            per_pass[name].append(_mean_dicts(call.get()))
+    metrics = merge_pass_metrics(per_pass["actor_train"])
+    if "critic" in jobs:
+        critic = merge_pass_metrics(per_pass["critic"])
+        metrics.update({k if "/" in k else f"critic/{k}": v for k, v in critic.items()})
+    return metrics
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each key over the dicts that have it (one dict per data-parallel rank)."""
+    keys = set().union(*dicts) if dicts else set()
+    return {k: sum(d[k] for d in dicts if k in d) / sum(k in d for d in dicts) for k in keys}
+
+
 def schedule_steps(cfg: RLVRConfig, role: str) -> int:
     """Optimizer steps ``role`` (actor_train or critic) makes over the run: ``max_steps`` x
     ``ppo_epochs`` x the steps of one pass over ``rollout_batch_size x group`` rows."""
-    from roll_ds.config.validate import placement
+    from roll_ds.distributed.role_placement import placement
 
     role_cfg = getattr(cfg, role)
     args = role_cfg.training_args

@@ -1,18 +1,21 @@
 """Driver-side rollout bookkeeping: prompts in, a scored and packed training batch out.
 
 Pure functions over plain Python and torch (no Ray), so each step of the RLVR loop is testable
-on its own: routing responses to reward roles by domain, group filtering for
-dynamic sampling, and the per-domain metrics.
+on its own: joining generations with their prompts, routing responses to reward roles by
+domain, DAPO's overlong penalty, group filtering for dynamic sampling, and the metrics.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from roll_ds.algorithms.masks import overlong_soft_penalty
+from roll_ds.config.schema import AlgorithmConfig
 from roll_ds.distributed.batch import Batch
 
 
@@ -101,3 +104,52 @@ def fit_dynamic_batch(
         raise RuntimeError(f"dynamic sampling: {len(pool)} spare rows for {pad_rows} padding rows")
     pad = pool.index(list(range(pad_rows)))
     return (Batch.concat([batch, pad]) if batch is not None else pad), pad_rows
+
+
+def join_samples(prompts: Sequence[Mapping], out: Mapping[str, Any], tokenizer: Any) -> Batch:
+    """The generation output ``out`` (``row``, ``response_ids``, ``rollout_logprobs``,
+    ``finish_reason``) joined with its prompts' rows and decoded."""
+    rows = [prompts[r] for r in out["row"]]
+    text = [tokenizer.decode(ids, skip_special_tokens=True) for ids in out["response_ids"]]
+    return Batch(
+        non_tensors={
+            "prompt_ids": [r["prompt_ids"] for r in rows],
+            "prompt": [r["prompt"] for r in rows],
+            "ground_truth": [r["ground_truth"] for r in rows],
+            "domain": [r["domain"] for r in rows],
+            "id": [r["id"] for r in rows],
+            "response_ids": out["response_ids"],
+            "response_text": text,
+            "rollout_logprobs": out["rollout_logprobs"],
+            "finish_reason": out["finish_reason"],
+        }
+    )
+
+
+def apply_overlong_penalty(
+    samples: Batch, algo: AlgorithmConfig, response_length: int
+) -> torch.Tensor | None:
+    """DAPO's soft overlong punishment (``algorithm.overlong_buffer_len`` > 0), added to
+    the training rollouts' scores before advantages and dynamic sampling see them; returns the
+    penalty ``[B]`` (None: off)."""
+    if not algo.overlong_buffer_len:
+        return None
+    lengths_B = torch.tensor([len(r) for r in samples["response_ids"]])
+    penalty_B = overlong_soft_penalty(
+        lengths_B, response_length, algo.overlong_buffer_len, algo.overlong_penalty_factor
+    )
+    samples.tensors["scores"] = samples["scores"] + penalty_B
+    return penalty_B
+
+
+def rollout_metrics(samples: Batch) -> dict[str, float]:
+    """``rollout/*``: score and accuracy per domain, response length, truncated fraction."""
+    metrics = domain_metrics(
+        "rollout", list(samples["domain"]), samples["scores"].tolist(), samples["reward_info"]
+    )
+    lengths = [len(r) for r in samples["response_ids"]]
+    metrics["rollout/response_length"] = sum(lengths) / len(lengths)
+    metrics["rollout/truncated_fraction"] = sum(
+        f == "length" for f in samples["finish_reason"]
+    ) / len(lengths)
+    return metrics

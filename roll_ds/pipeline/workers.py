@@ -12,8 +12,8 @@ from roll_ds.config.schema import RewardConfig, WorkerConfig
 from roll_ds.distributed.batch import Batch
 from roll_ds.distributed.dispatch import Dispatch, register
 from roll_ds.distributed.worker import Worker
+from roll_ds.strategy import STRATEGIES, StrategyContext
 from roll_ds.weight_sync.worker import ReceiverWorkerMixin, SenderWorkerMixin
-from strategies.base import STRATEGIES, StrategyContext
 
 
 class StrategyWorker(Worker):

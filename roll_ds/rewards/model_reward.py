@@ -30,7 +30,7 @@ from roll_ds.rewards.base import RewardFn, RewardOutput, RewardSample
 
 if TYPE_CHECKING:
     from roll_ds.rewards.scorer import RewardScorer
-    from strategies.base import StrategyContext
+    from roll_ds.strategy import StrategyContext
 
 INPUT_TEMPLATES = ("raw", "chat")
 MODEL_FN, JUDGE_FN = "model", "judge"
@@ -147,7 +147,7 @@ def _load_strategy(cfg: RewardConfig, ctx: StrategyContext) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 
     from roll_ds.models.loading import resolve_model_path
-    from strategies.base import STRATEGIES
+    from roll_ds.strategy import STRATEGIES
 
     cls = STRATEGIES.get(cfg.strategy_args.strategy_name)
     kwargs = {"head": cfg.head} if cfg.head is not None else {}
@@ -175,7 +175,7 @@ def check_model_reward(name: str, role: RewardConfig) -> list[str]:
     strategy combinations, a model without model_args, model terms without a model, and the
     judge's template and patterns (``roll_ds.rewards.judge.check_judge``)."""
     from roll_ds.models.reward_model import HEADS
-    from strategies.base import SCORING_STRATEGIES
+    from roll_ds.strategy import SCORING_STRATEGIES
 
     problems: list[str] = []
     strategy = role.strategy_args.strategy_name

@@ -22,7 +22,7 @@ from typing import Any
 
 from roll_ds.config.plain import to_plain
 from roll_ds.rewards.base import RewardFn, RewardSample
-from roll_ds.rewards.registry import WeightedSumReward
+from roll_ds.rewards.build import WeightedSumReward
 
 DEFAULT_TIMEOUT_S = 5.0
 

@@ -65,7 +65,7 @@ def make_strategy(
     """A DeepSpeedTrainStrategy on a preset (``zero`` updates its zero_optimization section,
     ``ds_extra`` its top level); ``args`` go to ModelArgs / TrainingArgs by name."""
     from roll_ds.config.schema import ModelArgs, TrainingArgs
-    from strategies.deepspeed_train import DeepSpeedTrainStrategy
+    from strategies.deepspeed.train import DeepSpeedTrainStrategy
 
     quiet()
     model_fields = set(ModelArgs.__dataclass_fields__)

@@ -50,7 +50,7 @@ def start_roles(model_dir: str, gpus: tuple[int, ...], tp: int, stage: int):
     from roll_ds.distributed.ray_init import connect
     from roll_ds.distributed.resource_manager import ResourceManager
     from roll_ds.pipeline.workers import ActorTrainWorker, RolloutWorker
-    from strategies.base import StrategyContext
+    from roll_ds.strategy import StrategyContext
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     os.environ.pop("RAY_ADDRESS", None)

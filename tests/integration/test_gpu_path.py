@@ -59,9 +59,9 @@ def test_nccl_sync_between_separate_gpus_serves_the_trained_weights(tiny_qwen2_d
     from roll_ds.distributed.resource_manager import ResourceManager
     from roll_ds.pipeline.workers import ActorTrainWorker, RolloutWorker
     from roll_ds.platform import current_platform
+    from roll_ds.strategy import StrategyContext
     from roll_ds.weight_sync import TRANSPORTS
     from roll_ds.weight_sync.parity import WeightSyncParityError, check_parity, random_probe
-    from strategies.base import StrategyContext
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors get nll_loss by value
     n = torch.cuda.device_count()

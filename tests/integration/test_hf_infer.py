@@ -25,7 +25,8 @@ def _hf(model_path: str, **kw):
 
 def test_hf_infer_logprobs_generate_and_load(tiny_qwen2_dir):
     from roll_ds.config.schema import GeneratingArgs
-    from strategies._common import entropy_from_logits, position_ids_from_mask
+    from roll_ds.models.tensors import position_ids_from_mask
+    from strategies._common import entropy_from_logits
 
     s = _hf(
         tiny_qwen2_dir,
@@ -98,7 +99,7 @@ def test_hf_infer_logprobs_generate_and_load(tiny_qwen2_dir):
 
 def test_strategies_build_from_worker_config(tiny_qwen2_dir):
     from roll_ds.config.schema import ModelArgs, StrategyArgs, TrainingArgs, WorkerConfig
-    from strategies.base import STRATEGIES, StrategyContext
+    from roll_ds.strategy import STRATEGIES, StrategyContext
 
     ctx = StrategyContext(
         pretrain=tiny_qwen2_dir,
@@ -130,7 +131,7 @@ def test_strategies_build_from_worker_config(tiny_qwen2_dir):
 
 
 def _agreement(model_path: str) -> dict:
-    from strategies.deepspeed_infer import DeepSpeedInferStrategy
+    from strategies.deepspeed.infer import DeepSpeedInferStrategy
 
     res: dict = {}
     hf = _hf(model_path, infer_batch_size=4)

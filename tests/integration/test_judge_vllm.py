@@ -22,7 +22,7 @@ from roll_ds.config.schema import (
     StrategyArgs,
 )
 from roll_ds.rewards.model_reward import build_role_scorer, check_model_reward
-from strategies.base import StrategyContext
+from roll_ds.strategy import StrategyContext
 
 pytestmark = pytest.mark.integration
 

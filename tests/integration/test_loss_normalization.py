@@ -30,7 +30,7 @@ AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 
 
 def _policy_loss(agg_mode: str = "token-mean"):
-    from roll_ds.pipeline.losses import PolicyLoss
+    from roll_ds.pipeline.loss_fns import PolicyLoss
 
     return PolicyLoss(
         clip_low=0.2,

@@ -43,10 +43,10 @@ from roll_ds.distributed.placement import RoleSpec  # noqa: E402
 from roll_ds.distributed.ray_init import connect  # noqa: E402
 from roll_ds.distributed.resource_manager import ResourceManager  # noqa: E402
 from roll_ds.pipeline.workers import ActorTrainWorker, RolloutWorker  # noqa: E402
+from roll_ds.strategy import StrategyContext  # noqa: E402
 from roll_ds.weight_sync import TRANSPORTS  # noqa: E402
 from roll_ds.weight_sync.base import WeightSyncError  # noqa: E402
 from roll_ds.weight_sync.parity import WeightSyncParityError, check_parity, random_probe  # noqa: E402
-from strategies.base import StrategyContext  # noqa: E402
 
 pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

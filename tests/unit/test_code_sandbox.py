@@ -16,8 +16,9 @@ import uuid
 import pytest
 
 from roll_ds.rewards.base import RewardSample
+from roll_ds.rewards.build import build_reward_fn
 from roll_ds.rewards.code_reward import CodeReward
-from roll_ds.rewards.registry import REWARD_FNS, build_reward_fn
+from roll_ds.rewards.registry import REWARD_FNS
 from roll_ds.rewards.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

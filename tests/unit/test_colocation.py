@@ -22,7 +22,7 @@ from roll_ds.pipeline.colocation import (
     phase_transitions,
     plan_colocation,
 )
-from strategies.deepspeed_train import OFFLOAD_STATES, offload_targets
+from strategies.deepspeed.offload import OFFLOAD_STATES, offload_targets
 
 GPU_16 = "rlvr_qwen2.5_7b_lora_zero3_16gpu"
 

@@ -7,7 +7,7 @@ HEAVY = ("torch", "ray", "deepspeed", "vllm", "transformers")
 def test_config_package_imports_without_heavy_modules():
     code = (
         "import sys\n"
-        "import roll_ds.config, roll_ds.config.store, strategies.base, roll_ds.platform\n"
+        "import roll_ds.config, roll_ds.config.store, roll_ds.strategy, roll_ds.platform\n"
         "from roll_ds.config import load_config\n"
         "load_config('rlvr_lora_zero3', check_files=False)\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from roll_ds.config.schema import AlgorithmConfig
-from roll_ds.pipeline.advantage import batch_advantages
-from roll_ds.pipeline.losses import ValueLoss
+from roll_ds.pipeline.batch_advantages import batch_advantages
+from roll_ds.pipeline.loss_fns import ValueLoss
 
 # Row 0: 3 response tokens, score 1. Row 1: 2 tokens (column 2 is padding), score 0.
 MASK_BT = torch.tensor([[1.0, 1, 1], [1, 1, 0]])

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
+from roll_ds.models.tensors import position_ids_from_mask
 from strategies._common import (
     build_lr_scheduler,
     entropy_from_logits,
     logprobs_from_logits,
     lr_lambda,
-    position_ids_from_mask,
     split_batch,
 )
 

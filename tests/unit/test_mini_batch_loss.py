@@ -8,7 +8,7 @@ import torch
 
 from roll_ds.algorithms.aggregation import AGG_MODES, MiniBatchNorm, mini_batch_counts
 from roll_ds.config.schema import AlgorithmConfig
-from roll_ds.pipeline.losses import PolicyLoss, ValueLoss
+from roll_ds.pipeline.loss_fns import PolicyLoss, ValueLoss
 
 MODES = sorted(AGG_MODES.names())
 

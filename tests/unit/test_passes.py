@@ -62,7 +62,8 @@ def test_pipeline_train_makes_ppo_epochs_passes_for_actor_and_critic(monkeypatch
     from roll_ds.config import load_config
     from roll_ds.config.compose import PROJECT_ROOT
     from roll_ds.distributed.batch import Batch
-    from roll_ds.pipeline.rlvr import RLVRPipeline, _step_seed
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+    from roll_ds.pipeline.seeds import step_seed
 
     monkeypatch.chdir(PROJECT_ROOT)
     cfg = load_config("rlvr_ppo_gae_zero3", ["algorithm.ppo_epochs=3"])
@@ -78,7 +79,7 @@ def test_pipeline_train_makes_ppo_epochs_passes_for_actor_and_critic(monkeypatch
     )
     metrics = pipeline.train(batch, step=5)
 
-    expected = pass_orders(rows, 3, _step_seed(cfg.seed, 5, 0))
+    expected = pass_orders(rows, 3, step_seed(cfg.seed, 5, 0))
     assert expected[0] == list(range(rows)) and expected[1] != expected[0]
     for name, loss_type in (("actor_train", "PolicyLoss"), ("critic", "ValueLoss")):
         fake = pipeline.clusters[name]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from roll_ds.config.schema import AlgorithmConfig
-from roll_ds.pipeline.losses import PolicyLoss
+from roll_ds.pipeline.loss_fns import PolicyLoss
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
 
 
@@ -141,14 +141,23 @@ class _Tok:
     eos_token_id = 2
 
 
-def _pipeline(**algo):
+def _cfg(**algo):
     from roll_ds.config.schema import RLVRConfig
-    from roll_ds.pipeline.rlvr import RLVRPipeline
 
-    pipe = RLVRPipeline.__new__(RLVRPipeline)
-    pipe.cfg = RLVRConfig(response_length=4, algorithm=AlgorithmConfig(**algo))
-    pipe.tokenizer = _Tok()
-    return pipe
+    return RLVRConfig(response_length=4, algorithm=AlgorithmConfig(**algo))
+
+
+def _pack(samples, mask_truncated):
+    from roll_ds.pipeline.sequences import pack_samples, pad_token_id
+
+    return pack_samples(samples, pad_token_id(_Tok()), mask_truncated=mask_truncated)
+
+
+def _overlong_penalty(samples, **algo):
+    from roll_ds.pipeline.rollout import apply_overlong_penalty
+
+    cfg = _cfg(**algo)
+    return apply_overlong_penalty(samples, cfg.algorithm, cfg.response_length)
 
 
 def _samples(finish: list[str], responses: list[list[int]]):
@@ -170,28 +179,25 @@ def _samples(finish: list[str], responses: list[list[int]]):
 
 
 def test_mask_truncated_masks_the_loss_only():
-    pipe = _pipeline(mask_truncated=True)
-    packed = pipe._pack(_samples(["stop", "length"], [[7, 2], [7, 8, 9, 9]]))
+    packed = _pack(_samples(["stop", "length"], [[7, 2], [7, 8, 9, 9]]), mask_truncated=True)
     assert packed["response_mask"].sum(-1).tolist() == [2.0, 4.0]  # advantages, critic, KL
     assert packed["loss_mask"].sum(-1).tolist() == [2.0, 0.0]  # the policy loss
-    off = _pipeline(mask_truncated=False)._pack(
-        _samples(["stop", "length"], [[7, 2], [7, 8, 9, 9]])
-    )
+    off = _pack(_samples(["stop", "length"], [[7, 2], [7, 8, 9, 9]]), mask_truncated=False)
     assert torch.equal(off["loss_mask"], off["response_mask"])
 
 
 def test_overlong_penalty_is_added_to_training_scores():
-    pipe = _pipeline(overlong_buffer_len=2, overlong_penalty_factor=0.5)
     samples = _samples(["stop", "stop", "length"], [[2], [7, 8, 2], [7, 8, 9, 9]])
-    penalty = pipe._overlong_penalty(samples)
+    penalty = _overlong_penalty(samples, overlong_buffer_len=2, overlong_penalty_factor=0.5)
     # response_length 4, buffer 2: free up to 2 tokens, then -0.5 * (len - 2) / 2.
     assert penalty.tolist() == [0.0, -0.25, -0.5]
     assert samples["scores"].tolist() == [1.0, 0.75, 0.5]
-    assert _pipeline()._overlong_penalty(_samples(["stop"], [[2]])) is None
+    assert _overlong_penalty(_samples(["stop"], [[2]])) is None
 
 
 def test_filter_overlong_prompts_drops_and_counts(caplog):
     from roll_ds.config.schema import DataArgs
+    from roll_ds.pipeline.prompt_rows import encode_prompts
 
     class _Encoding(_Tok):
         def __call__(self, text, add_special_tokens=False):
@@ -200,28 +206,28 @@ def test_filter_overlong_prompts_drops_and_counts(caplog):
         def encode(self, text, add_special_tokens=False):
             return list(range(len(text)))
 
-    pipe = _pipeline()
-    pipe.cfg.prompt_length = 3
-    pipe.tokenizer = _Encoding()
+    tok = _Encoding()
     rows = [{"id": "short", "prompt": "ab"}, {"id": "long", "prompt": "abcdef"}]
     with pytest.raises(ValueError, match=r"actor_train.data_args: 1 prompt.*filter_overlong"):
-        pipe._encode([dict(r) for r in rows], DataArgs(), "actor_train")
-    kept = pipe._encode([dict(r) for r in rows], DataArgs(filter_overlong_prompts=True), "x")
+        encode_prompts(tok, [dict(r) for r in rows], DataArgs(), "actor_train", 3)
+    data_args = DataArgs(filter_overlong_prompts=True)
+    kept = encode_prompts(tok, [dict(r) for r in rows], data_args, "x", 3)
     assert [r["id"] for r in kept] == ["short"]
     assert "dropped 1 of 2 prompts" in caplog.text
 
 
 def test_old_logprobs_reuse_follows_the_mode_and_the_evidence():
-    pipe = _pipeline(old_logprobs="auto")
-    pipe.last_parity = 3e-6
-    assert pipe._reuse_rollout_logprobs(staleness=0.0)  # on-policy, fp32, parity proven
-    assert not pipe._reuse_rollout_logprobs(staleness=1.0)  # off-policy: recompute pi_t
-    pipe.last_parity = 2e-3
-    assert not pipe._reuse_rollout_logprobs(staleness=0.0)  # the engines disagree
-    pipe.last_parity = None
-    assert not pipe._reuse_rollout_logprobs(staleness=0.0)  # no parity probe ran
-    pipe.last_parity = 3e-6
-    pipe.cfg.actor_infer.model_args.dtype = "bf16"
-    assert not pipe._reuse_rollout_logprobs(staleness=0.0)  # bf16 numbers differ
-    assert _pipeline(old_logprobs="rollout")._reuse_rollout_logprobs(staleness=2.0)
-    assert not _pipeline(old_logprobs="recompute")._reuse_rollout_logprobs(staleness=0.0)
+    from roll_ds.pipeline.logprobs import reuse_rollout_logprobs
+
+    def reuse(cfg, staleness, last_parity):
+        return reuse_rollout_logprobs(cfg, staleness=staleness, last_parity=last_parity)
+
+    cfg = _cfg(old_logprobs="auto")
+    assert reuse(cfg, 0.0, 3e-6)  # on-policy, fp32, parity proven
+    assert not reuse(cfg, 1.0, 3e-6)  # off-policy: recompute pi_t
+    assert not reuse(cfg, 0.0, 2e-3)  # the engines disagree
+    assert not reuse(cfg, 0.0, None)  # no parity probe ran
+    cfg.actor_infer.model_args.dtype = "bf16"
+    assert not reuse(cfg, 0.0, 3e-6)  # bf16 numbers differ
+    assert reuse(_cfg(old_logprobs="rollout"), 2.0, None)
+    assert not reuse(_cfg(old_logprobs="recompute"), 0.0, 3e-6)

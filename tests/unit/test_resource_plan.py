@@ -183,3 +183,27 @@ def test_cpus_per_gpu_ignores_the_cpu_head_and_unused_nodes():
     assert cpus_per_gpu(nodes, 8, num_nodes=2) == 7.0
     assert cpus_per_gpu(nodes, 8, num_nodes=3) == 1.0
     assert cpus_per_gpu([nodes[0]], 8, num_nodes=1) == 1.0  # no GPU node: match_nodes reports it
+
+
+def test_plan_cli_prints_the_16_gpu_plan(capsys):
+    from roll_ds.distributed.plan_cli import main
+
+    main(["rlvr_qwen2.5_7b_lora_zero3_16gpu"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "num_gpus_per_node 8, num_nodes 2 (GPU view)"
+    assert "node 1: devices 8-15 = local 0-7, bundles of {'GPU': 1.0, 'CPU': 1.0}" in lines
+    assert lines[-2] == "rewards.math: 8 CPU actor(s) x 0.1 CPU"
+    assert any(line.startswith("actor_infer: r0@n0:0-1 r1@n0:2-3") for line in lines)
+
+
+def test_plan_cli_on_cpu_and_without_a_config(capsys):
+    from roll_ds.distributed.plan_cli import main
+
+    main(["rlvr_lora_zero3", "device=cpu"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        "num_gpus_per_node 2, num_nodes 1 (CPU slots)",
+        "node 0: devices 0-1 = local 0-1, bundles of {'CPU': 1.0}",
+    ]
+    with pytest.raises(SystemExit, match=r"usage: python -m roll_ds\.distributed\.plan_cli"):
+        main([])

@@ -16,10 +16,10 @@ from roll_ds.rewards import (
     build_reward_fn,
     validate_reward_specs,
 )
+from roll_ds.rewards.build import WeightedSumReward
 from roll_ds.rewards.exact_match import ExactMatchReward
 from roll_ds.rewards.format import FormatReward
 from roll_ds.rewards.math_rule import MathRuleReward
-from roll_ds.rewards.registry import WeightedSumReward
 from roll_ds.rewards.scorer import compute_metrics
 
 SLOW_PY = r"\boxed{\int_0^1 e^{x^2} \sin(x^3) dx}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from roll_ds.config.compose import load_config
-from roll_ds.pipeline.rlvr import rollout_temperature
+from roll_ds.pipeline.startup import rollout_temperature
 
 
 @pytest.mark.parametrize(("sampled", "scored"), [(1.0, 1.0), (0.7, 0.7), (1.3, 1.3), (0.0, 1.0)])

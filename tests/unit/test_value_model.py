@@ -4,7 +4,7 @@ trainable, values aligned with log-probs (left padding does not shift them)."""
 import pytest
 import torch
 
-from strategies._value_model import apply_value_lora, forward_values, load_value_model
+from roll_ds.models.value_model import apply_value_lora, forward_values, load_value_model
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_full_critic_trains_everything(value_model):
 
 
 def test_value_head_strategy_refuses_policy_calls():
-    from strategies.deepspeed_train import DeepSpeedTrainStrategy
+    from strategies.deepspeed.train import DeepSpeedTrainStrategy
 
     critic = DeepSpeedTrainStrategy(model_path="unused", strategy_config={}, head="value")
     with pytest.raises(ValueError, match="compute_logprobs needs head='lm'"):

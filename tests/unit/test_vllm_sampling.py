@@ -245,7 +245,7 @@ def test_from_worker_config_flattens_an_omegaconf_role(monkeypatch):
     from omegaconf import OmegaConf
 
     from roll_ds.config.schema import WorkerConfig
-    from strategies.base import StrategyContext
+    from roll_ds.strategy import StrategyContext
     from strategies.vllm import VllmStrategy
 
     monkeypatch.setenv("ROLL_DS_DEVICE", "cpu")
@@ -275,7 +275,7 @@ def test_from_worker_config_flattens_an_omegaconf_role(monkeypatch):
 
 
 def test_registry_resolves_vllm_to_a_generate_strategy():
-    from strategies.base import STRATEGIES, GenerateStrategy
+    from roll_ds.strategy import STRATEGIES, GenerateStrategy
 
     cls = STRATEGIES.get("vllm")
     assert cls.__name__ == "VllmStrategy"

@@ -1,6 +1,6 @@
-"""ZeRO-aware pieces the DeepSpeed strategies share (``deepspeed_train``, ``deepspeed_infer``):
-chunked forwards that keep ZeRO-3's parameter gathers paired across ranks, the re-partitioning
-after out-of-trace forwards, and the strategy config as a plain dict."""
+"""ZeRO-aware pieces the DeepSpeed strategies share (``train``, ``infer``): chunked forwards
+that keep ZeRO-3's parameter gathers paired across ranks, the re-partitioning after out-of-trace
+forwards, the barrier that ends a rank-0 write, and the strategy config as a plain dict."""
 
 from __future__ import annotations
 
@@ -94,3 +94,9 @@ def plain_strategy_config(config: Any) -> dict[str, Any]:
     if config is None:
         raise ValueError("strategy_args.strategy_config is null; use e.g. ${deepspeed_zero3}")
     return plain_dict(config)
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op without a process group of several ranks)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

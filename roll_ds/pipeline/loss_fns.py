@@ -26,6 +26,20 @@ from roll_ds.algorithms.policy_loss import ppo_policy_loss, tis_weights
 from roll_ds.algorithms.value_loss import value_loss
 from roll_ds.config.schema import AlgorithmConfig
 
+# What the training workers need of a batch (PolicyLoss reads these columns).
+TRAIN_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "response_mask",
+    "loss_mask",
+    "old_logprobs",
+    "advantages",
+    "ref_logprobs",
+    "rollout_logprobs",
+)
+# What the critic's workers need (ValueLoss reads these columns).
+CRITIC_KEYS = ("input_ids", "attention_mask", "response_mask", "values", "returns")
+
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyLoss:
@@ -104,20 +118,10 @@ class PolicyLoss:
         )
         out = {f"actor/{k}": float(v) for k, v in metrics.items()}
         if weights_BT is not None:  # how much TIS reweights the rollout (1: on-policy)
-            out["actor/tis_weight_mean"] = float(
-                (weights_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1)
-            )
+            out["actor/tis_weight_mean"] = _masked_mean(weights_BT, mask_BT)
         out["actor/pg_loss"] = float(loss.detach()) * scale
         if self.kl_coef > 0:
-            kl = kl_loss(
-                logprobs_BT,
-                batch["ref_logprobs"],
-                mask_BT,
-                estimator=self.kl_estimator,
-                agg_mode=self.agg_mode,
-                norm_constant=self.norm_constant,
-                denominator=denominator,
-            )
+            kl = self._kl_to_reference(logprobs_BT, batch["ref_logprobs"], mask_BT, denominator)
             loss = loss + self.kl_coef * kl
             out["actor/kl_loss"] = float(kl.detach()) * scale
         if entropy_BT is not None:
@@ -132,6 +136,24 @@ class PolicyLoss:
             if self.entropy_coef:
                 loss = loss - self.entropy_coef * entropy
         return loss * scale, out
+
+    def _kl_to_reference(
+        self,
+        logprobs_BT: torch.Tensor,
+        ref_logprobs_BT: torch.Tensor,
+        mask_BT: torch.Tensor,
+        denominator: float | None,
+    ) -> torch.Tensor:
+        """The KL loss term (``use_kl_loss``), aggregated like the policy loss."""
+        return kl_loss(
+            logprobs_BT,
+            ref_logprobs_BT,
+            mask_BT,
+            estimator=self.kl_estimator,
+            agg_mode=self.agg_mode,
+            norm_constant=self.norm_constant,
+            denominator=denominator,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,3 +210,7 @@ class ValueLoss:
 def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
     """The actor's loss mask: ``loss_mask`` where the pipeline set one, else the response mask."""
     return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
+
+
+def _masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    return float((values_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1))

@@ -1,12 +1,19 @@
 """The contracts every backend implements, and the name -> class registry.
 
-A role picks its backend with ``strategy_args.strategy_name``. Backends are registered lazily
-(``"module:Class"``) so the registry can be listed and a config validated without importing torch,
-DeepSpeed or vLLM. Importing this module must stay cheap.
+A role picks its backend with ``strategy_args.strategy_name``. Backends live in the top-level
+``strategies/`` package, which builds on this core; the core finds them only by name through
+``STRATEGY_SPECS`` (``"module:attr"`` strings), never by import. Entries are lazy so the registry
+can be listed and a config validated without importing torch, DeepSpeed or vLLM: a backend's own
+config checks sit in a light module of its own, named by its spec. Importing this module must stay
+cheap.
+
+Adding a backend: a module under ``strategies/`` with a class implementing ``TrainStrategy`` or
+``GenerateStrategy`` (and a ``from_worker_config`` classmethod), plus one ``STRATEGY_SPECS`` line.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -25,6 +32,12 @@ class StrategySpec:
     target: str  # "module:Class"
     trains: bool  # implements TrainStrategy
     generates: bool  # implements generate()
+    # "module:function", called as f(name, role, where) -> list[str]: problems of a role's
+    # strategy_args (``where``: its ``roll_ds.distributed.role_placement.RolePlacement`` or None).
+    role_checks: str | None = None
+    # "module:function", called as f(cfg, *, check_files) -> list[str] when the backend is
+    # actor_infer's: the pipeline's lengths against the rollout engine's context.
+    rollout_checks: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,20 +57,40 @@ class StrategyContext:
     adapter_sync_rank: int | None = None
 
 
+_DEEPSPEED_CHECKS = "strategies.deepspeed.config_checks:strategy_config_problems"
+
 STRATEGY_SPECS: dict[str, StrategySpec] = {
     "deepspeed_train": StrategySpec(
-        "strategies.deepspeed_train:DeepSpeedTrainStrategy", trains=True, generates=False
+        "strategies.deepspeed.train:DeepSpeedTrainStrategy",
+        trains=True,
+        generates=False,
+        role_checks=_DEEPSPEED_CHECKS,
     ),
     "deepspeed_infer": StrategySpec(
-        "strategies.deepspeed_infer:DeepSpeedInferStrategy", trains=False, generates=False
+        "strategies.deepspeed.infer:DeepSpeedInferStrategy",
+        trains=False,
+        generates=False,
+        role_checks=_DEEPSPEED_CHECKS,
     ),
     "hf_infer": StrategySpec("strategies.hf_infer:HfInferStrategy", trains=False, generates=True),
-    "vllm": StrategySpec("strategies.vllm:VllmStrategy", trains=False, generates=True),
+    "vllm": StrategySpec(
+        "strategies.vllm:VllmStrategy",
+        trains=False,
+        generates=True,
+        role_checks="strategies.vllm_checks:strategy_config_problems",
+        rollout_checks="strategies.vllm_checks:model_len_problems",
+    ),
 }
 
 STRATEGIES: Registry[type] = Registry("strategy_name")
 for _name, _spec in STRATEGY_SPECS.items():
     STRATEGIES.register_lazy(_name, _spec.target)
+
+
+def load_hook(target: str) -> Callable[..., list[str]]:
+    """The function a spec's ``"module:function"`` hook names (imported on first use)."""
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 @runtime_checkable

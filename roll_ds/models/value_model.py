@@ -25,7 +25,7 @@ from roll_ds.models.loading import (
     resolve_model_path,
     zero3_construction,
 )
-from strategies._common import position_ids_from_mask, torch_dtype
+from roll_ds.models.tensors import position_ids_from_mask, torch_dtype
 
 if TYPE_CHECKING:
     import torch

@@ -20,14 +20,14 @@ from roll_ds.config.schema import ModelArgs, WorkerConfig
 from roll_ds.models.loading import load_causal_lm, resolve_model_path
 from roll_ds.models.reward_model import check_head, forward_scores, load_reward_model
 from roll_ds.platform import current_platform
+from roll_ds.strategy import StrategyContext
 from strategies import _common
-from strategies._zero import (
+from strategies.deepspeed.zero import (
     batched_forward,
     batched_logprobs,
     plain_strategy_config,
     release_zero3_params,
 )
-from strategies.base import StrategyContext
 
 
 class DeepSpeedInferStrategy:

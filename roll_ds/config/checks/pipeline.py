@@ -1,0 +1,145 @@
+"""Checks across roles: group size, the train batch arithmetic, the reference, reward domains,
+the algorithm, asynchronous generation and the input paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
+from roll_ds.config.roles import TRAIN_ROLES
+from roll_ds.config.schema import EMBEDDED_MODEL, RLVRConfig
+
+if TYPE_CHECKING:
+    from roll_ds.distributed.role_placement import RolePlacement
+
+
+def pipeline_problems(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> list[str]:
+    """Roles against each other (``placements``: the roles whose placement parsed)."""
+    from roll_ds.weight_sync.config_checks import weight_sync_problems
+
+    group = cfg.num_return_sequences_in_group
+    infer_n = cfg.actor_infer.generating_args.num_return_sequences
+    problems = []
+    if infer_n != group:
+        problems.append(
+            f"actor_infer.generating_args.num_return_sequences: {infer_n} != "
+            f"num_return_sequences_in_group {group}; set it to ${{num_return_sequences_in_group}}"
+        )
+    for name in TRAIN_ROLES:
+        if name in placements:
+            problems += train_batch_problems(cfg, name, placements[name])
+    lora = cfg.actor_train.model_args.lora_rank is not None
+    if cfg.algorithm.kl_coef > 0 and not lora and cfg.reference is None:
+        problems.append(
+            "reference: algorithm.kl_coef > 0 needs reference log-probs; configure "
+            "`reference:` or use LoRA (the adapter-disabled actor is the reference)"
+        )
+    problems += weight_sync_problems(cfg)
+    if not cfg.rewards:
+        problems.append("rewards: no reward role; add e.g. rewards.math with reward_fns")
+    problems += domain_problems(cfg)
+    return problems
+
+
+def train_batch_problems(cfg: RLVRConfig, name: str, train: RolePlacement) -> list[str]:
+    """The step's samples must split into whole optimizer steps of the role."""
+    args = getattr(cfg, name).training_args
+    group = cfg.num_return_sequences_in_group
+    sizes = (args.per_device_train_batch_size, args.gradient_accumulation_steps, train.world_size)
+    if min(*sizes, cfg.rollout_batch_size, group) < 1:
+        return []  # reported by the ranges (a zero here was a ZeroDivisionError)
+    step_samples = sizes[0] * sizes[1] * sizes[2]
+    samples = cfg.rollout_batch_size * group
+    if samples % step_samples == 0:
+        return []
+    return [
+        f"rollout_batch_size x num_return_sequences_in_group = {cfg.rollout_batch_size} x "
+        f"{group} = {samples} samples per step is not a multiple of {name}'s "
+        f"train batch ({name}.training_args: per_device_train_batch_size "
+        f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
+        f"{args.gradient_accumulation_steps} x world size {train.world_size} = "
+        f"{step_samples}); adjust one of them"
+    ]
+
+
+def domain_problems(cfg: RLVRConfig) -> list[str]:
+    """Each domain is scored by one reward role; sampled domains have a reward role; held-out
+    data exists when evaluation is on."""
+    problems = []
+    owner: dict[str, str] = {}
+    for role_name, reward in cfg.rewards.items():
+        for tag in reward.tag_included:
+            if tag in owner:
+                problems.append(
+                    f"rewards.{role_name}.tag_included: domain {tag!r} is also in "
+                    f"rewards.{owner[tag]}.tag_included; score each domain with one role"
+                )
+            owner.setdefault(tag, role_name)
+    field = "actor_train.data_args.domain_interleave_probs"
+    weights = cfg.actor_train.data_args.domain_interleave_probs
+    if any(not w >= 0 for w in weights.values()) or (weights and sum(weights.values()) <= 0):
+        problems.append(
+            f"{field}: weights must be >= 0 with a positive sum, got {dict(weights)}; or leave it "
+            "empty (domains in proportion to the data)"
+        )
+    unscored = sorted(d for d, w in weights.items() if w > 0 and d not in owner)
+    if unscored and cfg.rewards:
+        problems.append(
+            f"{field}: domains {unscored} are scored by no reward role; add them to a "
+            "rewards.<name>.tag_included"
+        )
+    if cfg.eval_steps > 0 and not cfg.validation.data_args.file_name:
+        problems.append(
+            f"validation.data_args.file_name: eval_steps={cfg.eval_steps} evaluates on held-out "
+            "data but no file is listed; list jsonl files or set eval_steps=0"
+        )
+    return problems
+
+
+def algorithm_problems(cfg: RLVRConfig) -> list[str]:
+    """The advantage estimator exists, and has the critic it reads values from."""
+    algo = cfg.algorithm
+    if algo.adv_estimator not in ESTIMATOR_OPTIONS:
+        return [
+            f"algorithm.adv_estimator: unknown advantage estimator {algo.adv_estimator!r}; valid: "
+            + ", ".join(sorted(ESTIMATOR_OPTIONS))
+        ]
+    if needs_critic(algo.adv_estimator) and cfg.critic is None:
+        return [
+            f"critic: adv_estimator {algo.adv_estimator!r} needs a critic role (the value model); "
+            "configure `critic:` with strategy deepspeed_train (see "
+            "examples/qwen_rlvr/rlvr_ppo_gae_zero3.yaml)"
+        ]
+    return []
+
+
+def async_problems(cfg: RLVRConfig) -> list[str]:
+    """``async_generation``: what the asynchronous loop does not do (yet)."""
+    if cfg.async_generation.max_staleness < 1:
+        return []
+    problems = []
+    if cfg.algorithm.dynamic_sampling:
+        problems.append(
+            "async_generation.max_staleness: algorithm.dynamic_sampling resamples within a step, "
+            "which the asynchronous loop does not do; set async_generation.max_staleness=0 or "
+            "algorithm.dynamic_sampling=false"
+        )
+    return problems
+
+
+def path_problems(cfg: RLVRConfig) -> list[str]:
+    """The model directory and the training data are given (and the model exists)."""
+    problems = []
+    pretrain = cfg.pretrain
+    if not pretrain.startswith("embedded:") and not Path(pretrain).exists():
+        problems.append(
+            f"pretrain: {pretrain!r} does not exist; point it at a local model directory "
+            f"(no model hub is reachable at run time) or use {EMBEDDED_MODEL!r}"
+        )
+    if not cfg.actor_train.data_args.file_name:
+        problems.append(
+            "actor_train.data_args.file_name: no training data; list .jsonl / .json / .parquet "
+            "files or directories"
+        )
+    return problems

@@ -1,0 +1,107 @@
+"""The sync phase: the trainer's policy into the rollout engines, then the parity probe.
+
+``PolicySync`` tracks which policy version the engines serve (``rollout_version``; None: never
+synced), builds the weight transport (``roll_ds.weight_sync``) on the first sync, and after
+each sync compares the engines' log-probs with the trainer's on a few train prompts
+(``weight_sync.parity_check``); a gap above the bound stops the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from roll_ds.config.schema import RLVRConfig
+from roll_ds.pipeline.colocation import GENERATE, SYNC, Choreography, colocated_parity
+
+
+class PolicySync:
+    """The sync phase over ``clusters`` (``actor_train`` -> ``actor_infer``); ``train_rows``
+    hold the parity probe's prompts."""
+
+    def __init__(
+        self,
+        cfg: RLVRConfig,
+        clusters: Mapping[str, Any],
+        colocation: Choreography,
+        train_rows: list[dict],
+        pad_id: int,
+    ) -> None:
+        self.cfg = cfg
+        self.clusters = clusters
+        self.colocation = colocation
+        self.train_rows = train_rows
+        self.pad_id = pad_id
+        self.rollout_version: int | None = None  # the version the engines last received
+        self.last_parity: float | None = None  # max |delta| of the latest parity probe
+        self.transport: Any = None  # built once, on the first sync
+        self.parity_probe: Any = None
+
+    @property
+    def actor_train(self) -> Any:
+        return self.clusters["actor_train"]
+
+    @property
+    def actor_infer(self) -> Any:
+        return self.clusters["actor_infer"]
+
+    def sync(self, policy_version: int) -> dict[str, float]:
+        """Gather the policy's full weights from the ZeRO shards into every rollout engine (one
+        reload each, prefix cache dropped), then check parity. Returns ``sync/*`` metrics:
+        seconds, bytes, gbps, ... and ``sync/parity_max_abs_diff`` / ``_mean_abs_diff``; empty
+        when the engines already serve the trainer's version."""
+        if self.rollout_version == policy_version and not self.colocation.needs_sync:
+            return {}
+        metrics = self._transfer(policy_version)
+        self.rollout_version = policy_version
+        return metrics
+
+    def _transfer(self, policy_version: int) -> dict[str, float]:
+        from roll_ds.weight_sync.select import build_transport
+
+        ws = self.cfg.weight_sync
+        if self.transport is None:
+            self.transport = build_transport(
+                ws,
+                self.actor_train,
+                self.actor_infer,
+                rollout_dtype=self.cfg.actor_infer.model_args.dtype,
+            )
+        self.colocation.enter(SYNC, policy_version)  # trainer loaded, engine weights awake
+        metrics = self.transport.sync(self.actor_train, self.actor_infer)
+        self.colocation.synced(policy_version)
+        self.last_parity = None
+        if ws.parity_check:
+            metrics.update(self._parity(metrics, policy_version))
+            self.last_parity = metrics["sync/parity_max_abs_diff"]
+        return metrics
+
+    def _parity(self, sync_metrics: dict[str, float], policy_version: int) -> dict[str, float]:
+        """vLLM's vs the trainer's log-probs on the first ``parity_probe_size`` train prompts;
+        a gap above ``weight_sync.parity_max_abs_diff`` (default: by dtype) stops the run."""
+        from roll_ds.weight_sync.parity import check_parity, default_max_abs_diff, probe_batch
+
+        ws, cfg = self.cfg.weight_sync, self.cfg
+        if self.parity_probe is None:
+            rows = [r["prompt_ids"] for r in self.train_rows if len(r["prompt_ids"]) >= 2]
+            self.parity_probe = probe_batch(rows[: ws.parity_probe_size], self.pad_id)
+        dtypes = (cfg.actor_train.model_args.dtype, cfg.actor_infer.model_args.dtype)
+        bound = ws.parity_max_abs_diff
+        if bound is None:
+            bound = default_max_abs_diff(*dtypes)
+        what = (
+            f"{int(sync_metrics.get('sync/num_tensors', 0))} tensors, trainer "
+            f"{dtypes[0]} -> {self.actor_infer.name} {dtypes[1]}"
+        )
+        if self.colocation.active:  # the trainer scores, leaves the GPU, then the engines do
+            return colocated_parity(
+                self.actor_train,
+                self.actor_infer,
+                self.parity_probe,
+                max_abs_diff=bound,
+                what=what,
+                between=lambda: self.colocation.enter(GENERATE, policy_version),
+            )
+        return check_parity(
+            self.actor_train, self.actor_infer, self.parity_probe, max_abs_diff=bound, what=what
+        )

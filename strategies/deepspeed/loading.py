@@ -1,0 +1,91 @@
+"""What ``DeepSpeedTrainStrategy.initialize`` builds before the engine: the seeds, the DeepSpeed
+config (``"auto"`` values filled from the training args) and the model (a causal LM, or the value
+model for ``head="value"``), optionally with LoRA adapters."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config
+from roll_ds.config.schema import ModelArgs, TrainingArgs
+from roll_ds.models.loading import apply_lora, load_causal_lm
+from roll_ds.models.value_model import apply_value_lora, load_value_model
+from roll_ds.platform import current_platform
+from strategies.deepspeed.optimizer import fill_optimizer_auto
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_train_ds_config(
+    strategy_config: Mapping[str, Any],
+    *,
+    model_path: str,
+    model_args: ModelArgs,
+    training_args: TrainingArgs,
+    dp_size: int,
+) -> dict[str, Any]:
+    """The engine's DeepSpeed config: ``strategy_config`` with its ``"auto"`` values (the
+    optimizer section's too) filled from ``training_args`` for ``dp_size`` ranks."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(model_path)
+    source = dict(strategy_config)
+    if "optimizer" in source:  # DeepSpeed builds it; its "auto" params come from training_args
+        source["optimizer"] = fill_optimizer_auto(source["optimizer"], training_args)
+    cfg = build_deepspeed_config(
+        source,
+        DeepSpeedInputs(
+            micro_batch_size=training_args.per_device_train_batch_size,
+            gradient_accumulation_steps=training_args.gradient_accumulation_steps,
+            dp_size=dp_size,
+            max_grad_norm=training_args.max_grad_norm,
+            dtype=model_args.dtype,
+            hidden_size=getattr(hf_config, "hidden_size", None),
+        ),
+    )
+    if (cfg.get("fp16") or {}).get("enabled") and not current_platform().is_cuda:
+        raise ValueError(
+            "fp16 training needs a CUDA device (DeepSpeed's CPU accelerator has no fp16); "
+            "set model_args.dtype: bf16 or fp32"
+        )
+    cfg.setdefault("zero_allow_untested_optimizer", True)
+    cfg.setdefault("steps_per_print", 10**9)
+    return cfg
+
+
+def load_train_model(
+    model_path: str, model_args: ModelArgs, ds_config: Mapping[str, Any], *, head: str
+) -> torch.nn.Module:
+    """The model to train (ZeRO-3 partitioned construction under a stage-3 ``ds_config``),
+    gradient checkpointing on unless disabled, LoRA-wrapped when ``model_args.lora_rank`` is
+    set."""
+    args = model_args
+    load, wrap = (
+        (load_value_model, apply_value_lora) if head == "value" else (load_causal_lm, apply_lora)
+    )
+    model = load(
+        model_path,
+        dtype=args.dtype,
+        attn_impl=args.attn_implementation,
+        zero3_config=ds_config,
+    )
+    if not args.disable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora_rank is not None:
+        model = wrap(
+            model,
+            rank=args.lora_rank,
+            alpha=args.lora_alpha,
+            dropout=args.lora_dropout,
+            target=args.lora_target,
+        )
+    return model

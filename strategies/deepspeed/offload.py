@@ -1,0 +1,59 @@
+"""Colocation: which training states DeepSpeed's ``engine.offload_states`` can move to host
+memory while the rollout engines generate, and what stays on the GPU and why."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from roll_ds.config.deepspeed import offload_devices, zero_stage
+from roll_ds.platform import current_platform
+
+# DeepSpeed's OffloadStateTypeEnum values (deepspeed/runtime/zero/offload_config.py)
+OFFLOAD_STATES = ("optim_states", "hp_params", "lp_params", "lp_grads", "contiguous_grad_buffer")
+
+
+def offload_targets(
+    stage: int, offloaded: Mapping[str, str], optimizer: str
+) -> tuple[tuple[str, ...], str]:
+    """What ``engine.offload_states`` can move for an engine of ZeRO ``stage`` with the offload
+    sections ``offloaded`` (``offload_devices``) and inner optimizer class ``optimizer``, read
+    from DeepSpeed 0.19's ``offload_states``: ``(state types, what stays on the GPU and why)``;
+    no state types when nothing can move. With ``offload_optimizer`` DeepSpeed itself skips the
+    states already in host memory (``_refine_include_states``)."""
+    if stage == 0:
+        return (), (
+            "ZeRO stage 0 has no offload_states in DeepSpeed: parameters, gradients and "
+            "optimizer states stay on the GPU while the rollout engines generate (use ZeRO 1-3 "
+            "for colocation)"
+        )
+    if "offload_param" in offloaded:
+        return (), (
+            "nothing to move: offload_param keeps parameters and optimizer states in host "
+            "memory already (DeepSpeed refuses to move them)"
+        )
+    if stage == 3 and optimizer != "FusedAdam" and "offload_optimizer" not in offloaded:
+        return ("lp_params", "lp_grads", "contiguous_grad_buffer"), (
+            f"ZeRO-3 moves fp32 master weights and Adam states only for DeepSpeed's FusedAdam; "
+            f"this engine's optimizer is {optimizer}, so they stay on the GPU (parameter shards "
+            "and gradients move)"
+        )
+    return OFFLOAD_STATES, ""
+
+
+def engine_offload_targets(
+    engine: Any, ds_config: Mapping[str, Any]
+) -> tuple[tuple[str, ...], str]:
+    """``offload_targets`` of a built engine; nothing to move off a CPU (the states already
+    live in host memory)."""
+    if not current_platform().is_cuda:
+        return (), ""
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    return offload_targets(zero_stage(ds_config), offload_devices(ds_config), type(inner).__name__)
+
+
+def offload_engine_states(engine: Any, include: tuple[str, ...]) -> None:
+    """Move the ``include`` state types to pinned host memory."""
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+    engine.offload_states(include=[OffloadStateTypeEnum(s) for s in include])

@@ -1,0 +1,138 @@
+"""The optimizer, the LR schedule and the DeepSpeed engine that wraps them.
+
+The optimizer is AdamW: DeepSpeed's own when the config has an ``optimizer`` section (its
+``"auto"`` params filled from the training args); otherwise FusedAdam on GPUs, DeepSpeedCPUAdam
+when optimizer states are offloaded, and ``torch.optim.AdamW`` for on-device states on CPU
+(nothing to JIT-compile). The LR schedule is linear warmup then constant / linear / cosine decay
+over ``max_steps`` optimizer steps. Weight decay applies to matrices only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from roll_ds.config.deepspeed import offload_devices
+from roll_ds.config.schema import TrainingArgs
+from roll_ds.platform import current_platform
+from strategies import _common
+
+logger = logging.getLogger(__name__)
+
+
+def build_engine(
+    model: torch.nn.Module,
+    ds_config: dict[str, Any],
+    training_args: TrainingArgs,
+    *,
+    max_steps: int,
+) -> tuple[Any, Any, Any]:
+    """``deepspeed.initialize`` on ``model``'s trainable parameters: ``(engine, optimizer,
+    lr_scheduler)``. A fallback optimizer may set ``zero_force_ds_cpu_optimizer`` in
+    ``ds_config``."""
+    import deepspeed
+
+    targs = training_args
+    params = [p for p in model.parameters() if p.requires_grad]
+    scheduler = scheduler_factory(
+        warmup_steps=targs.warmup_steps,
+        total_steps=max_steps,
+        kind=targs.lr_scheduler_type,
+    )
+    if "optimizer" in ds_config:
+        optimizer = None
+        model_parameters = param_groups(params, targs.weight_decay)
+    else:
+        optimizer = build_optimizer(params, targs, ds_config)
+        model_parameters = None
+    engine, optimizer, _, lr_scheduler = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        model_parameters=model_parameters,
+        lr_scheduler=scheduler,
+        config=ds_config,
+        dist_init_required=False,
+    )
+    return engine, optimizer, lr_scheduler
+
+
+def build_optimizer(
+    params: list[torch.nn.Parameter], training_args: TrainingArgs, ds_config: dict[str, Any]
+) -> torch.optim.Optimizer:
+    """The client AdamW for a config without an ``optimizer`` section (see the module doc)."""
+    targs = training_args
+    groups = param_groups(params, targs.weight_decay)
+    kwargs = dict(
+        lr=targs.learning_rate,
+        betas=(targs.adam_beta1, targs.adam_beta2),
+        eps=targs.adam_epsilon,
+        weight_decay=targs.weight_decay,
+    )
+    offloaded = "offload_optimizer" in offload_devices(ds_config)
+    if offloaded:
+        try:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+        except Exception as exc:  # the JIT build can fail (no compiler)
+            logger.warning("DeepSpeedCPUAdam unavailable (%s); using torch AdamW", exc)
+            ds_config["zero_force_ds_cpu_optimizer"] = False
+            return torch.optim.AdamW(groups, **kwargs)
+    if current_platform().is_cuda:
+        try:
+            from deepspeed.ops.adam import FusedAdam
+
+            return FusedAdam(groups, adam_w_mode=True, **kwargs)
+        except Exception as exc:
+            logger.warning("FusedAdam unavailable (%s); using torch AdamW(fused)", exc)
+            return torch.optim.AdamW(groups, fused=True, **kwargs)
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def param_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on biases and norm scales); empty groups dropped."""
+    decay, no_decay = [], []
+    for p in params:
+        ndim = len(getattr(p, "ds_shape", p.shape))  # a ZeRO-3 param's local view is flat
+        (decay if ndim >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def fill_optimizer_auto(section: Mapping[str, Any], targs: TrainingArgs) -> dict[str, Any]:
+    """A DeepSpeed ``optimizer`` section with its ``"auto"`` (or missing) params filled."""
+    section = {**section, "params": dict(section.get("params") or {})}
+    params = section["params"]
+    values = {
+        "lr": targs.learning_rate,
+        "betas": [targs.adam_beta1, targs.adam_beta2],
+        "eps": targs.adam_epsilon,
+        "weight_decay": targs.weight_decay,
+    }
+    for key, value in values.items():
+        if params.get(key, "auto") == "auto":
+            params[key] = value
+    return section
+
+
+def scheduler_factory(
+    *, warmup_steps: int, total_steps: int, kind: str
+) -> Callable[[torch.optim.Optimizer], Any]:
+    """What ``deepspeed.initialize(lr_scheduler=...)`` calls with the optimizer it built."""
+
+    def build(optimizer: torch.optim.Optimizer):
+        return _common.build_lr_scheduler(
+            optimizer, warmup_steps=warmup_steps, total_steps=total_steps, kind=kind
+        )
+
+    if kind not in _common.SCHEDULES:  # fail at construction, not inside deepspeed.initialize
+        raise ValueError(
+            f"unknown lr_scheduler_type {kind!r}; valid: {', '.join(_common.SCHEDULES)}"
+        )
+    return build

@@ -1,0 +1,390 @@
+"""``deepspeed_train``: a DeepSpeed ZeRO (0-3) engine training an HF causal LM, optionally LoRA.
+
+``head="value"`` (the critic role) trains a value model instead: the same body with a scalar
+value head (``roll_ds.models.value_model``); it computes ``values_BT`` where the policy computes
+``logprobs_BT``, and everything else (ZeRO, LoRA, optimizer, checkpoints) is shared.
+
+Built from the role's composed ``strategy_config`` (a DeepSpeed JSON whose ``"auto"`` values
+``roll_ds.config.deepspeed.build_deepspeed_config`` fills from the training args). The class
+holds the engine and delegates each job to its module in this package: ``loading`` (seeds,
+DeepSpeed config, model), ``optimizer`` (AdamW, LR schedule, ``deepspeed.initialize``),
+``step`` (the pieces of a train step), ``export``, ``checkpoint`` and ``offload``.
+
+Every public method is collective: all ranks of the data-parallel group call it together, with
+the same number of micro batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from roll_ds.config.deepspeed import zero_stage
+from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
+from roll_ds.models.loading import resolve_model_path
+from roll_ds.models.value_model import forward_values
+from roll_ds.models.weights import adapter_config, iter_adapter_buckets, iter_weight_buckets
+from roll_ds.strategy import StrategyContext
+from strategies import _common
+from strategies.deepspeed import checkpoint, export, offload
+from strategies.deepspeed.loading import build_train_ds_config, load_train_model, seed_everything
+from strategies.deepspeed.optimizer import build_engine
+from strategies.deepspeed.step import (
+    LossFn,
+    StepTally,
+    grad_norm,
+    mini_batch_norms,
+    split_micro_batches,
+)
+from strategies.deepspeed.zero import batched_forward, plain_strategy_config, release_zero3_params
+
+logger = logging.getLogger(__name__)
+
+HEADS = ("lm", "value")
+
+
+class DeepSpeedTrainStrategy:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        strategy_config: Mapping[str, Any],
+        model_args: ModelArgs | None = None,
+        training_args: TrainingArgs | None = None,
+        seed: int = 42,
+        max_steps: int = 1,
+        infer_batch_size: int = 8,
+        head: str = "lm",
+        logprob_temperature: float = 1.0,
+    ) -> None:
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
+        self.head = head
+        self.logprob_temperature = _common.check_temperature(logprob_temperature)
+        self.model_path = model_path
+        self.strategy_config = plain_strategy_config(strategy_config)
+        self.model_args = model_args or ModelArgs()
+        self.training_args = training_args or TrainingArgs()
+        self.seed = seed
+        self.max_steps = max_steps
+        self.infer_batch_size = infer_batch_size
+        self.engine: Any = None
+        self.ds_config: dict[str, Any] = {}
+        self._offloaded = False
+
+    @classmethod
+    def from_worker_config(
+        cls, worker: WorkerConfig, ctx: StrategyContext, *, head: str = "lm"
+    ) -> DeepSpeedTrainStrategy:
+        return cls(
+            model_path=worker.model_args.model_name_or_path or ctx.pretrain,
+            strategy_config=worker.strategy_args.strategy_config,
+            model_args=worker.model_args,
+            training_args=worker.training_args,
+            seed=ctx.seed,
+            max_steps=ctx.max_steps,
+            infer_batch_size=worker.infer_batch_size,
+            head=head,
+            logprob_temperature=ctx.logprob_temperature,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # setup
+
+    @property
+    def is_lora(self) -> bool:
+        return self.model_args.lora_rank is not None
+
+    @property
+    def zero_stage(self) -> int:
+        return zero_stage(self.ds_config)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The wrapped model (a peft model under LoRA)."""
+        return self.engine.module
+
+    def initialize(self) -> None:
+        self.rank, self.world_size = _common.init_distributed()
+        self.device = _common.device()
+        seed_everything(self.seed)
+        self.model_path = resolve_model_path(self.model_path)
+        self.ds_config = build_train_ds_config(
+            self.strategy_config,
+            model_path=self.model_path,
+            model_args=self.model_args,
+            training_args=self.training_args,
+            dp_size=self.world_size,
+        )
+        model = load_train_model(self.model_path, self.model_args, self.ds_config, head=self.head)
+        self.engine, self.optimizer, self.lr_scheduler = build_engine(
+            model, self.ds_config, self.training_args, max_steps=self.max_steps
+        )
+
+    def _forward(
+        self,
+        model: Any,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        *,
+        with_entropy: bool = False,
+        temperature: float | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """``{"logprobs_BT"[, "entropy_BT"]}`` at ``temperature`` (None: the rollouts'), or
+        ``{"values_BT"}`` for ``head="value"``."""
+        if self.head == "value":
+            if with_entropy:
+                raise ValueError("a value model has no token distribution (with_entropy=True)")
+            return {"values_BT": forward_values(model, input_ids_BT, attention_mask_BT)}
+        return _common.forward_logprobs(
+            model,
+            input_ids_BT,
+            attention_mask_BT,
+            with_entropy=with_entropy,
+            temperature=self.logprob_temperature if temperature is None else temperature,
+        )
+
+    def _require_head(self, head: str, what: str) -> None:
+        if self.head != head:
+            raise ValueError(f"{what} needs head={head!r}; this strategy has head={self.head!r}")
+
+    # -----------------------------------------------------------------------------------------
+    # training
+
+    def train_step(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        loss_fn: LossFn,
+        *,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """Run ``batch`` (this rank's share) as micro batches of ``per_device_train_batch_size``;
+        DeepSpeed steps the optimizer every ``gradient_accumulation_steps`` micro batches, so a
+        batch of ``k * micro * accumulation`` rows makes ``k`` optimizer steps."""
+        micro = self.training_args.per_device_train_batch_size
+        accum = self.training_args.gradient_accumulation_steps
+        chunks = split_micro_batches(batch, micro=micro, accum=accum)
+        self.engine.train()
+        norms = mini_batch_norms(
+            chunks, loss_fn, accum=accum, world_size=self.world_size, device=self.device
+        )
+        tally = StepTally()
+        for i, mb in enumerate(chunks):
+            kwargs = {"norm": norms[i // accum]} if norms is not None else {}
+            self._train_micro_batch(
+                _common.to_device(mb, self.device), loss_fn, kwargs, with_entropy, tally
+            )
+        return tally.result(len(chunks))
+
+    def _train_micro_batch(
+        self,
+        mb: dict[str, Any],
+        loss_fn: LossFn,
+        loss_kwargs: dict[str, Any],
+        with_entropy: bool,
+        tally: StepTally,
+    ) -> None:
+        """Forward, backward and ``engine.step`` of one micro batch (an optimizer step at the
+        accumulation boundary)."""
+        out = self._forward(
+            self.engine, mb["input_ids"], mb["attention_mask"], with_entropy=with_entropy
+        )
+        output_key = "values_BT" if self.head == "value" else "logprobs_BT"
+        loss, metrics = loss_fn(out[output_key], mb, out.get("entropy_BT"), **loss_kwargs)
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        if boundary:
+            tally.lrs.append(self.lr_scheduler.get_last_lr()[0])
+        self.engine.backward(loss)
+        # DeepSpeed reports no norm for fp32 ZeRO-0 without clipping: take it from the
+        # gradients (already averaged over the ranks at the boundary) before the step.
+        own_norm = grad_norm(self.module) if boundary and self.zero_stage == 0 else None
+        self.engine.step()
+        tally.add_micro_batch(loss, metrics)
+        if boundary:
+            norm = self.engine.get_global_grad_norm()
+            tally.add_optimizer_step(own_norm if norm is None else norm)
+
+    @property
+    def global_step(self) -> int:
+        return int(self.engine.global_steps)
+
+    # -----------------------------------------------------------------------------------------
+    # inference
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        *,
+        with_entropy: bool = False,
+        disable_adapter: bool = False,
+        temperature: float | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs (``[B, T-1]``) of the current policy at ``temperature`` (None: the
+        rollouts' ``logprob_temperature``); ``disable_adapter=True`` gives the LoRA base model's
+        (the reference policy under LoRA) from the same engine."""
+        self._require_head("lm", "compute_logprobs")
+        if disable_adapter and not self.is_lora:
+            raise ValueError("disable_adapter=True needs a LoRA model (model_args.lora_rank)")
+        ctx = self.module.disable_adapter() if disable_adapter else contextlib.nullcontext()
+        with ctx:
+            return self._infer(
+                functools.partial(
+                    self._forward, self.engine, with_entropy=with_entropy, temperature=temperature
+                ),
+                input_ids_BT,
+                attention_mask_BT,
+                ("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
+            )
+
+    @torch.no_grad()
+    def compute_values(
+        self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """``{"values_BT": [B, T-1]}`` of the value model (``head="value"``)."""
+        self._require_head("value", "compute_values")
+        return self._infer(
+            functools.partial(self._forward, self.engine),
+            input_ids_BT,
+            attention_mask_BT,
+            ("values_BT",),
+        )
+
+    def _infer(
+        self,
+        forward: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        keys: tuple[str, ...],
+    ) -> dict[str, torch.Tensor]:
+        """``forward`` in eval mode over ``infer_batch_size`` chunks (``batched_forward``)."""
+        was_training = self.engine.training
+        self.engine.eval()
+        try:
+            return batched_forward(
+                forward,
+                input_ids_BT,
+                attention_mask_BT,
+                batch_size=self.infer_batch_size,
+                device=self.device,
+                lockstep=self.zero_stage == 3 and self.world_size > 1,
+                empty_keys=keys,
+            )
+        finally:
+            self.engine.train(was_training)
+            release_zero3_params(self.engine)
+
+    # -----------------------------------------------------------------------------------------
+    # weights out
+
+    def named_weights_for_sync(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full weights under HF names in buckets of at most ``bucket_bytes`` (every rank gets
+        every bucket); LoRA merged, a tied embedding also as ``lm_head.weight``."""
+        self._require_head("lm", "weight sync")
+        release_zero3_params(self.engine)
+        return iter_weight_buckets(self.module, bucket_bytes)
+
+    def adapter_buckets_for_sync(
+        self, bucket_bytes: int
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The LoRA adapter alone (``weight_sync.lora_sync: adapter``), under the names peft
+        saves it with, in buckets of at most ``bucket_bytes``: the rollout engine keeps the
+        frozen base weights it loaded and serves base + adapter."""
+        self._require_head("lm", "weight sync")
+        if not self.is_lora:
+            raise ValueError(
+                "weight_sync.lora_sync=adapter needs a LoRA policy (actor_train.model_args."
+                "lora_rank); use lora_sync=merged for full fine-tuning"
+            )
+        release_zero3_params(self.engine)
+        return iter_adapter_buckets(self.module, bucket_bytes)
+
+    def adapter_config(self) -> dict[str, Any]:
+        """The policy's peft ``LoraConfig`` as ``adapter_config.json`` content."""
+        return adapter_config(self.module)
+
+    def export_hf(
+        self,
+        path: str,
+        *,
+        merged: bool = True,
+        max_shard_bytes: int = 5 * 2**30,
+    ) -> dict[str, str]:
+        """Write an HF model directory (``export.export_hf``); under LoRA also ``path/adapter``,
+        and ``merged=False`` then skips the full weights. Rank 0 writes; every rank joins the
+        gathers."""
+        return export.export_hf(
+            self.engine,
+            self.module,
+            path,
+            source_dir=self.model_path,
+            is_lora=self.is_lora,
+            is_writer=self.rank == 0,
+            merged=merged,
+            max_shard_bytes=max_shard_bytes,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # checkpoints
+
+    def save_checkpoint(self, path: str, tag: str) -> None:
+        """DeepSpeed engine state (module, optimizer, LR scheduler) plus every rank's RNG states:
+        loading it into a fresh strategy continues the run exactly."""
+        checkpoint.save_engine_checkpoint(
+            self.engine,
+            path,
+            tag,
+            rank=self.rank,
+            global_step=self.global_step,
+            is_lora=self.is_lora,
+        )
+
+    def load_checkpoint(self, path: str, tag: str) -> None:
+        checkpoint.load_engine_checkpoint(
+            self.engine, path, tag, rank=self.rank, is_lora=self.is_lora
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # colocation
+
+    def offload_states(self) -> None:
+        """Free the GPU for colocated rollout engines: DeepSpeed's ``engine.offload_states``
+        moves what ``offload.offload_targets`` says it can (ZeRO 1-3: parameter shards,
+        gradients, fp32 master weights, Adam states) to pinned host memory. What stays on the
+        GPU, and why, is logged once (ZeRO-0 keeps everything). On CPU the states already live
+        in host memory: a no-op. Idempotent."""
+        if self._offloaded:
+            return
+        include = self._offload_include()
+        if include:
+            offload.offload_engine_states(self.engine, include)
+        self._offloaded = True
+
+    def reload_states(self) -> None:
+        """Undo ``offload_states`` (DeepSpeed reloads exactly what it moved)."""
+        if not self._offloaded:
+            return
+        if self._offload_include():
+            self.engine.reload_states()
+        self._offloaded = False
+
+    def _offload_include(self) -> tuple[str, ...]:
+        include, kept = offload.engine_offload_targets(self.engine, self.ds_config)
+        if kept and not getattr(self, "_warned_offload", False):
+            logger.warning("offload_states (rank %d): %s", self.rank, kept)
+            self._warned_offload = True
+        return include
+
+    def close(self) -> None:
+        """Release the engine (lets one process build several strategies, as tests do)."""
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+            self.optimizer = None
+            self.lr_scheduler = None

@@ -1,0 +1,79 @@
+"""The vllm backend's own config checks, reached by ``roll_ds.config.validate`` through its
+``StrategySpec`` (``role_checks``, ``rollout_checks``). Light: no vLLM or torch import
+(``strategies.vllm`` imports neither at module level)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from roll_ds.config.checks.lengths import longest_sequence
+from roll_ds.config.schema import RLVRConfig, WorkerConfig
+from strategies.vllm import OWNED_KWARGS
+
+if TYPE_CHECKING:
+    from roll_ds.distributed.role_placement import RolePlacement
+
+
+def strategy_config_problems(
+    name: str, role: WorkerConfig, where: RolePlacement | None
+) -> list[str]:
+    """``strategy_config`` of a vllm role: ``vllm.LLM`` keyword arguments, less the ones the
+    strategy sets itself."""
+    field = f"{name}.strategy_args.strategy_config"
+    kwargs = role.strategy_args.strategy_config
+    if kwargs is None:
+        return []
+    if not isinstance(kwargs, Mapping):
+        return [
+            f"{field}: vllm takes a mapping of vllm.LLM keyword arguments or null, got {kwargs!r}"
+        ]
+    return [
+        f"{field}.{key}: the vllm strategy sets it; remove it (set {owner} instead)"
+        for key, owner in OWNED_KWARGS.items()
+        if key in kwargs
+    ]
+
+
+def model_len_problems(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
+    """The longest rollout / evaluation sequence fits the engine's ``max_model_len`` (the
+    model's ``max_position_embeddings`` when strategy_config leaves it unset)."""
+    if cfg.prompt_length < 1:
+        return []  # reported by the ranges
+    need, how = longest_sequence(cfg)
+    kwargs = cfg.actor_infer.strategy_args.strategy_config
+    limit = kwargs.get("max_model_len") if isinstance(kwargs, Mapping) else None
+    field = "actor_infer.strategy_args.strategy_config.max_model_len"
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            return [f"{field}: must be a whole number of tokens, got {limit!r}"]
+        if limit >= need:
+            return []
+        return [
+            f"{field}: {limit} is shorter than the longest sequence ({how} tokens); raise it to "
+            f"at least {need} or lower prompt_length / response_length"
+        ]
+    path = cfg.actor_infer.model_args.model_name_or_path or cfg.pretrain
+    positions = _max_positions(path) if check_files else None
+    if positions is None or positions >= need:
+        return []
+    return [
+        f"prompt_length + response_length: the longest sequence ({how} tokens) exceeds the "
+        f"model's max_position_embeddings {positions} ({path}/config.json), which vLLM takes "
+        "as max_model_len; lower prompt_length / response_length"
+    ]
+
+
+def _max_positions(model_dir: str) -> int | None:
+    """``max_position_embeddings`` of a local HF model directory; None when unknown or when
+    rope scaling stretches it."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or config.get("rope_scaling"):
+        return None
+    positions = config.get("max_position_embeddings")
+    return positions if isinstance(positions, int) else None
