@@ -8,7 +8,7 @@ Cross-field rules (batch arithmetic, lengths against the rollout engine) live in
 
 Names that registries define in modules importing torch (loss aggregation modes, KL estimators,
 ratio levels, LR schedules) are listed here so that validation stays importable without torch;
-``tests/unit/test_config_validation.py`` checks each list against its registry.
+``tests/unit/config/test_config_validation.py`` checks each list against its registry.
 """
 
 from __future__ import annotations

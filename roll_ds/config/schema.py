@@ -1,8 +1,9 @@
 """Typed schema of a roll_ds pipeline config.
 
 Registered in Hydra's ConfigStore (see ``store.py``) and named first in every pipeline YAML's
-``defaults`` list, so composition itself rejects misspelled keys and wrong types. This module must
-stay importable without torch, Ray, DeepSpeed or vLLM (``tests/unit/test_config_imports.py``).
+``defaults`` list, so composition itself rejects misspelled keys and wrong types. This module
+must stay importable without torch, Ray, DeepSpeed or vLLM
+(``tests/unit/config/test_config_imports.py``).
 
 Field names follow ROLL's so its DeepSpeed backend guide applies unchanged (``strategy_args``,
 ``device_mapping``, ``model_args``, ``training_args``, ``infer_batch_size``, ...).

@@ -1,7 +1,7 @@
 """Pure placement planning: roles' device ids -> nodes, bundles and per-actor resource shares.
 
 No Ray calls here, so every rule is unit-tested without a cluster
-(``tests/unit/test_resource_plan.py``).
+(``tests/unit/distributed/test_resource_plan.py``).
 
 Rules:
 - Device ids are global: id ``d`` lives on logical node ``d // num_gpus_per_node`` as local device

@@ -20,7 +20,7 @@ from roll_ds.data.synthetic import (
 )
 from roll_ds.data.synthetic_code import CodeTaskSpec, reference_solutions, run_reference
 
-REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+REPO = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 DATA_DIR = os.path.join(REPO, "examples", "qwen_rlvr", "data")
 
 

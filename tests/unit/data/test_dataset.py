@@ -14,7 +14,9 @@ from roll_ds.data.dataset import (
     load_jsonl_rows,
 )
 
-DATA_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "qwen_rlvr", "data")
+DATA_DIR = os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "examples", "qwen_rlvr", "data"
+)
 GOOD = {"id": "r1", "domain": "math", "prompt": "1+2=", "ground_truth": "3"}
 
 

@@ -20,7 +20,7 @@ from strategies.vllm_start import (
     vllm_range,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_gpu_extra_pins_the_supported_vllm_line():

@@ -187,7 +187,9 @@ def test_failed_build_leaves_no_directory(tmp_path, monkeypatch):
 
 
 def test_warmup_learns_from_the_shipped_train_files_and_stops_on_fresh_dev_rows():
-    data_dir = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "qwen_rlvr", "data")
+    data_dir = os.path.join(
+        os.path.dirname(__file__), "..", "..", "..", "examples", "qwen_rlvr", "data"
+    )
     train, dev, held_out = embedded._splits(embedded.DEFAULT_RECIPE)
     for split, rows in (("train", train), ("eval", held_out)):
         shipped = []

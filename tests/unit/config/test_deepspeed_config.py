@@ -12,7 +12,7 @@ from roll_ds.config.deepspeed import (
     zero_stage,
 )
 
-PRESETS = Path(__file__).resolve().parents[2] / "examples" / "config"
+PRESETS = Path(__file__).resolve().parents[3] / "examples" / "config"
 
 
 def preset(name: str) -> dict:

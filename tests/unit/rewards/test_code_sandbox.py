@@ -21,7 +21,7 @@ from roll_ds.rewards.code_reward import CodeReward
 from roll_ds.rewards.registry import REWARD_FNS
 from roll_ds.rewards.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SQUARE_TESTS = json.dumps({"tests": [{"input": "3\n", "output": "9\n"}]})
 SQUARE = "```python\nn = int(input())\nprint(n * n)\n```"
 LIMITS = dict(timeout_s=2.0, memory_mb=128, max_processes=8, max_output_bytes=1 << 16)
