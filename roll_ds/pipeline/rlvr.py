@@ -22,9 +22,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from roll_ds.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from roll_ds.algorithms.aggregation import AGG_MODES
-from roll_ds.algorithms.kl import KL_ESTIMATORS
 from roll_ds.checkpoint import BestCheckpoint, CheckpointManager
 from roll_ds.config.estimators import needs_critic
 from roll_ds.config.schema import RLVRConfig
@@ -71,13 +68,13 @@ ASYNC_TIS_CAP = 2.0  # algorithm.tis_cap when it is null under async_generation
 
 
 class RLVRPipeline:
+    """The RLVR loop over the roles' actors. ``cfg`` has passed ``roll_ds.config.validate`` (the
+    entry points validate before building this), so names, modes and roles are not re-checked."""
+
     def __init__(self, cfg: RLVRConfig) -> None:
         self.cfg = cfg
         self.out_dir = Path(cfg.output_dir) / cfg.exp_name
         algo = cfg.algorithm
-        ADVANTAGE_ESTIMATORS.check(algo.adv_estimator)
-        KL_ESTIMATORS.check(algo.kl_estimator)
-        AGG_MODES.check(algo.loss_agg_mode)
         self.queue = (
             RolloutQueue(cfg.async_generation.max_staleness)
             if cfg.async_generation.max_staleness
@@ -87,11 +84,6 @@ class RLVRPipeline:
             algo = replace(algo, tis_cap=ASYNC_TIS_CAP)
         self.loss_fn = PolicyLoss.from_config(algo, cfg.response_length)
         self.use_critic = needs_critic(algo.adv_estimator)
-        if self.use_critic and cfg.critic is None:
-            raise ValueError(
-                f"algorithm.adv_estimator {algo.adv_estimator!r} needs a critic role; configure "
-                "`critic:` (see examples/qwen_rlvr/rlvr_ppo_gae_zero3.yaml)"
-            )
         self.value_loss_fn = (
             ValueLoss.from_config(algo, cfg.response_length) if self.use_critic else None
         )
