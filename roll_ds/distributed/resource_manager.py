@@ -76,7 +76,23 @@ def decide_run_platform(cfg: RLVRConfig) -> Platform:
     installed as the driver's ``current_platform()`` (the transport choice reads it there)."""
     platform = decide_platform(cfg.device, ray.cluster_resources())
     use_platform(platform)
+    if platform.is_cuda and cfg.device != "cuda":
+        _check_gpu_layout(cfg)
     return platform
+
+
+def _check_gpu_layout(cfg: RLVRConfig) -> None:
+    """``device: auto`` resolved to CUDA: the weight-sync layout rules validation applies to
+    ``device: cuda`` (no NCCL between ranks sharing a GPU, no partial colocation), now, before
+    any actor starts, instead of at the first sync."""
+    import dataclasses
+
+    from roll_ds.config.validate import ConfigError
+    from roll_ds.weight_sync.select import layout_problems
+
+    problems = layout_problems(dataclasses.replace(cfg, device="cuda"))
+    if problems:
+        raise ConfigError(problems)
 
 
 class ResourceManager:

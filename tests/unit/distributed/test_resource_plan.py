@@ -207,3 +207,33 @@ def test_plan_cli_on_cpu_and_without_a_config(capsys):
     ]
     with pytest.raises(SystemExit, match=r"usage: python -m roll_ds\.distributed\.plan_cli"):
         main([])
+
+
+# --- device: auto resolved to CUDA: the weight-sync layout is checked before actors start -----
+
+
+def _auto_cfg(*overrides: str):
+    from roll_ds.config import load_config
+
+    return load_config("rlvr_lora_zero3", ["num_gpus_per_node=4", *overrides], check_files=False)
+
+
+def test_auto_on_gpus_refuses_a_partly_colocated_layout_before_any_actor():
+    from roll_ds.config.validate import ConfigError
+    from roll_ds.distributed.resource_manager import _check_gpu_layout
+
+    cfg = _auto_cfg("actor_train.device_mapping=[0,1]", "actor_infer.device_mapping=[1,2]")
+    assert cfg.device == "auto"  # validation could not know these ids are GPUs
+    with pytest.raises(ConfigError, match=r"weight_sync\.transport"):
+        _check_gpu_layout(cfg)
+
+
+def test_auto_on_gpus_accepts_colocated_and_separate_layouts():
+    from roll_ds.distributed.resource_manager import _check_gpu_layout
+
+    _check_gpu_layout(
+        _auto_cfg("actor_train.device_mapping=[0,1]", "actor_infer.device_mapping=[0,1]")
+    )
+    _check_gpu_layout(
+        _auto_cfg("actor_train.device_mapping=[0,1]", "actor_infer.device_mapping=[2,3]")
+    )
