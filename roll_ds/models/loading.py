@@ -37,6 +37,37 @@ def attn_implementation(name: str | None) -> str | None:
     return ATTN_IMPLEMENTATIONS[name]
 
 
+def load_with_head(
+    auto_cls: Any,
+    path: str,
+    config: Any,
+    *,
+    dtype: str,
+    attn_impl: str | None,
+    zero3_config: Mapping[str, Any] | None,
+    no_head: str,
+) -> PreTrainedModel:
+    """``auto_cls.from_pretrained(path)`` with ``config``, the role's dtype and attention, built
+    ZeRO-3 partitioned under a stage-3 ``zero3_config``. An architecture transformers has no
+    such head for fails naming the model and ``no_head`` (what to do instead)."""
+    from roll_ds.models.tensors import torch_dtype
+
+    kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype(dtype)}
+    impl = attn_implementation(attn_impl)
+    if impl is not None:
+        kwargs["attn_implementation"] = impl
+    try:
+        with zero3_construction(zero3_config):
+            return auto_cls.from_pretrained(path, **kwargs)
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        raise ValueError(
+            f"the architecture of {path} ({type(config).__name__}) has no {auto_cls.__name__} "
+            f"head in transformers; {no_head}"
+        ) from None
+
+
 @contextlib.contextmanager
 def zero3_construction(ds_config: Mapping[str, Any] | None) -> Iterator[None]:
     """While active, ``from_pretrained`` builds the model already partitioned by ZeRO-3

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from roll_ds.models.loading import attn_implementation, resolve_model_path, zero3_construction
+from roll_ds.models.loading import load_with_head, resolve_model_path
 
 if TYPE_CHECKING:
     import torch
@@ -50,29 +50,21 @@ def load_reward_model(
         return load_value_model(path, dtype=dtype, attn_impl=attn_impl, zero3_config=zero3_config)
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from roll_ds.models.tensors import torch_dtype
-
     path = resolve_model_path(path)
     config = AutoConfig.from_pretrained(path, num_labels=1)
     if getattr(config, "pad_token_id", None) is None:
         # HF pools at the rightmost non-pad token and needs a pad id for batches; left padding
         # puts every row's last real token last, so any id that never ends a sequence works.
         config.pad_token_id = getattr(config, "eos_token_id", None) or 0
-    kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype(dtype)}
-    impl = attn_implementation(attn_impl)
-    if impl is not None:
-        kwargs["attn_implementation"] = impl
-    try:
-        with zero3_construction(zero3_config):
-            return AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
-    except ValueError as exc:
-        if "Unrecognized configuration class" not in str(exc):
-            raise
-        raise ValueError(
-            f"reward model: the architecture of {path} ({type(config).__name__}) has no "
-            "AutoModelForSequenceClassification head in transformers; use head: value or "
-            "another model"
-        ) from None
+    return load_with_head(
+        AutoModelForSequenceClassification,
+        path,
+        config,
+        dtype=dtype,
+        attn_impl=attn_impl,
+        zero3_config=zero3_config,
+        no_head="reward model: use head: value or another model",
+    )
 
 
 def forward_scores(

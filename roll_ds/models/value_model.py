@@ -19,13 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from roll_ds.models.loading import (
-    attn_implementation,
-    lora_config,
-    resolve_model_path,
-    zero3_construction,
-)
-from roll_ds.models.tensors import position_ids_from_mask, torch_dtype
+from roll_ds.models.loading import load_with_head, lora_config, resolve_model_path
+from roll_ds.models.tensors import position_ids_from_mask
 
 if TYPE_CHECKING:
     import torch
@@ -49,21 +44,16 @@ def load_value_model(
     path = resolve_model_path(path)
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0  # values must not be noisy (the default is 0.1)
-    kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype(dtype)}
-    impl = attn_implementation(attn_impl)
-    if impl is not None:
-        kwargs["attn_implementation"] = impl
-    try:
-        with zero3_construction(zero3_config):
-            return AutoModelForTokenClassification.from_pretrained(path, **kwargs)
-    except ValueError as exc:
-        if "Unrecognized configuration class" not in str(exc):
-            raise
-        raise ValueError(
-            f"critic: the architecture of {path} ({type(config).__name__}) has no "
-            "AutoModelForTokenClassification head in transformers, so it cannot be a value model; "
-            "point critic.model_args.model_name_or_path at a supported model"
-        ) from None
+    return load_with_head(
+        AutoModelForTokenClassification,
+        path,
+        config,
+        dtype=dtype,
+        attn_impl=attn_impl,
+        zero3_config=zero3_config,
+        no_head="critic: it cannot be a value model; point critic.model_args.model_name_or_path "
+        "at a supported model",
+    )
 
 
 def head_name(model: torch.nn.Module) -> str:
