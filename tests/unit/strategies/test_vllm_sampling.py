@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from strategies import vllm_worker_ext as ext
-from strategies.vllm import (
-    CPU_KV_CACHE_BYTES,
-    WORKER_EXTENSION,
-    llm_kwargs,
+from strategies.vllm import CPU_KV_CACHE_BYTES, WORKER_EXTENSION, llm_kwargs
+from strategies.vllm_requests import (
     parse_request_outputs,
     request_seed,
     sampling_kwargs,
