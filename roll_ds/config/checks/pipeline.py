@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
 from roll_ds.config.roles import TRAIN_ROLES
-from roll_ds.config.schema import EMBEDDED_MODEL, RLVRConfig
+from roll_ds.config.schema import EMBEDDED_MODEL, EMBEDDED_RM, RLVRConfig
 
 if TYPE_CHECKING:
     from roll_ds.distributed.role_placement import RolePlacement
@@ -128,15 +128,47 @@ def async_problems(cfg: RLVRConfig) -> list[str]:
     return problems
 
 
+EMBEDDED_NAMES = (EMBEDDED_MODEL, EMBEDDED_RM)
+"""The ``embedded:`` model names ``roll_ds.models.embedded.resolve_pretrain`` knows."""
+
+
+def model_path_problem(field: str, path: str, embedded: str = EMBEDDED_MODEL) -> str | None:
+    """The problem with a model path a config names (``pretrain`` or a role's
+    ``model_args.model_name_or_path``), or None: it must be an embedded name or exist locally,
+    since no model hub is reachable at run time. ``embedded``: the embedded model to suggest."""
+    if path.startswith("embedded:"):
+        if path in EMBEDDED_NAMES:
+            return None
+        return f"{field}: {path!r} is not an embedded model; valid: " + ", ".join(EMBEDDED_NAMES)
+    if Path(path).exists():
+        return None
+    return (
+        f"{field}: {path!r} does not exist; point it at a local model directory "
+        f"(no model hub is reachable at run time) or use {embedded!r}"
+    )
+
+
+def model_path_problems(cfg: RLVRConfig) -> list[str]:
+    """``pretrain`` and every ``model_args.model_name_or_path`` a used role names (a role
+    without one loads ``pretrain``), checked before anything starts: a bad path would otherwise
+    fail minutes later inside the role's actor."""
+    # here, not at the top: roll_ds.distributed.role_placement imports roll_ds.config
+    from roll_ds.distributed.role_placement import role_configs
+
+    found = [model_path_problem("pretrain", cfg.pretrain)]
+    for name, role in role_configs(cfg):
+        path = role.model_args.model_name_or_path
+        if path is not None:
+            scorer = name.startswith("rewards.") and getattr(role, "head", None) is not None
+            embedded = EMBEDDED_RM if scorer else EMBEDDED_MODEL
+            field = f"{name}.model_args.model_name_or_path"
+            found.append(model_path_problem(field, path, embedded))
+    return [p for p in found if p is not None]
+
+
 def path_problems(cfg: RLVRConfig) -> list[str]:
-    """The model directory and the training data are given (and the model exists)."""
-    problems = []
-    pretrain = cfg.pretrain
-    if not pretrain.startswith("embedded:") and not Path(pretrain).exists():
-        problems.append(
-            f"pretrain: {pretrain!r} does not exist; point it at a local model directory "
-            f"(no model hub is reachable at run time) or use {EMBEDDED_MODEL!r}"
-        )
+    """The model directories and the training data are given (and the models exist)."""
+    problems = model_path_problems(cfg)
     if not cfg.actor_train.data_args.file_name:
         problems.append(
             "actor_train.data_args.file_name: no training data; list .jsonl / .json / .parquet "
