@@ -280,12 +280,16 @@ class VllmStrategy:
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
         first_prompt_index: int = 0,
+        prompt_indices: Sequence[int] | None = None,
+        max_new_tokens_each: Sequence[int] | None = None,
     ) -> dict[str, list[Any]]:
         """``n`` samples for each prompt (token ids); see ``parse_request_outputs`` for the
         result. Arguments left None come from ``generating_args`` (``seed`` too: None there
         means unseeded sampling); ``stop_token_ids`` default to the constructor's. Prompt ``i``
-        is seeded as the batch's prompt ``first_prompt_index + i``, so a batch split over
-        several engines samples what one engine would."""
+        is seeded as the batch's prompt ``first_prompt_index + i`` (or ``prompt_indices[i]``),
+        so a batch split over several engines samples what one engine would.
+        ``max_new_tokens_each``: a token limit per prompt (agentic turns near their context
+        budget), instead of one for all."""
         from vllm import SamplingParams
 
         self._require_awake()
@@ -302,9 +306,19 @@ class VllmStrategy:
             stop_token_ids=self.stop_token_ids if stop_token_ids is None else stop_token_ids,
             ignore_eos=ignore_eos,
         )
+        indices = (
+            list(prompt_indices)
+            if prompt_indices is not None
+            else [first_prompt_index + i for i in range(len(prompts))]
+        )
+        limits = list(max_new_tokens_each or [base["max_tokens"]] * len(prompts))
+        if len(indices) != len(prompts) or len(limits) != len(prompts):
+            raise ValueError("prompt_indices / max_new_tokens_each need one entry per prompt")
         params = [
-            SamplingParams(**{**base, "seed": request_seed(seed, first_prompt_index + i)})
-            for i in range(len(prompts))
+            SamplingParams(
+                **{**base, "seed": request_seed(seed, index), "max_tokens": max(1, int(limit))}
+            )
+            for index, limit in zip(indices, limits, strict=True)
         ]
         requests = [{"prompt_token_ids": list(p)} for p in _check_prompts(prompts)]
         outputs = self.llm.generate(
