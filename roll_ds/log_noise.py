@@ -20,6 +20,9 @@ vLLM log records (``quiet_vllm``, once vllm is imported):
   turns later ``set_num_threads`` calls (its own warm-up's included) into this warning.
 - "Using None for EOS token id because tokenizer is not initialized": roll_ds passes the stop
   token ids with every request.
+- "This model does not officially support disabling chunked prefill": roll_ds turns chunked
+  prefill off on CPU, where it crashes seeded sampling (``strategies/vllm_start.py``);
+  ``tests/integration/test_vllm_long_prompts.py`` checks the outputs against an HF forward.
 
 ``VLLM_LOGGING_LEVEL`` defaults to WARNING in rollout workers (``vllm_log_env``), so vLLM's
 per-sync INFO lines ("Reloading weights inplace...", "Successfully reset prefix cache") stay out
@@ -47,6 +50,7 @@ VLLM_HARMLESS = {
         "RotaryEmbedding: Failed to load weights",
     ),
     "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use",),  # torch.set_num_threads
+    "vllm.engine.arg_utils": ("does not officially support disabling chunked prefill",),
 }
 VLLM_DEFAULT_LEVEL = "WARNING"
 

@@ -78,7 +78,7 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         trains=False,
         generates=True,
         role_checks="strategies.vllm_checks:strategy_config_problems",
-        rollout_checks="strategies.vllm_checks:model_len_problems",
+        rollout_checks="strategies.vllm_checks:rollout_problems",
     ),
 }
 

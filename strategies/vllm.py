@@ -65,6 +65,7 @@ from strategies.vllm_start import (
     START_TIMEOUT_ENV,
     START_TIMEOUT_S,
     bounded_start,
+    cpu_scheduler_kwargs,
     vllm_api_problems,
     vllm_range,
 )
@@ -130,6 +131,8 @@ def llm_kwargs(
         kwargs["enable_sleep_mode"] = True  # offload_states / reload_states
     elif "gpu_memory_utilization" not in user:
         kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    if not is_cuda:  # no chunked prefill: it crashes seeded sampling on CPU (vllm_start.py)
+        kwargs.update(cpu_scheduler_kwargs(user))
     kwargs.update(user)
     if kwargs["logprobs_mode"] != "processed_logprobs":
         warnings.warn(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from roll_ds.config.checks.lengths import longest_sequence
 from roll_ds.config.schema import RLVRConfig, WorkerConfig
 from strategies.vllm import OWNED_KWARGS
+from strategies.vllm_start import seeded_chunking_problem
 
 if TYPE_CHECKING:
     from roll_ds.distributed.role_placement import RolePlacement
@@ -35,6 +36,28 @@ def strategy_config_problems(
         for key, owner in OWNED_KWARGS.items()
         if key in kwargs
     ]
+
+
+def rollout_problems(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
+    """The checks of a config whose rollout engine is vllm (``StrategySpec.rollout_checks``)."""
+    return model_len_problems(cfg, check_files=check_files) + seeded_sampling_problems(cfg)
+
+
+def seeded_sampling_problems(cfg: RLVRConfig) -> list[str]:
+    """On a CPU cluster (``device: cpu``), no vllm role's strategy_config may let vLLM split a
+    prompt over scheduler steps: seeded sampling then crashes (``strategies/vllm_start.py``).
+    Under ``device: auto`` the engine refuses the same settings when it starts on CPU."""
+    # here, not at the top: roll_ds.distributed.role_placement imports roll_ds.config
+    from roll_ds.distributed.role_placement import role_configs
+
+    if cfg.device != "cpu":
+        return []
+    found = []
+    for name, role in role_configs(cfg):
+        kwargs = role.strategy_args.strategy_config
+        if role.strategy_args.strategy_name == "vllm" and isinstance(kwargs, Mapping):
+            found.append(seeded_chunking_problem(kwargs, f"{name}.strategy_args.strategy_config"))
+    return [p for p in found if p is not None]
 
 
 def model_len_problems(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
