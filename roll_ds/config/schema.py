@@ -16,10 +16,15 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from roll_ds.config.agentic import AgenticConfig, EnvManagerConfig, EnvSpecConfig
+
 EMBEDDED_MODEL = "embedded:tiny-qwen2"
 """``pretrain`` value that makes roll_ds build (and cache) its own tiny Qwen2 model."""
 EMBEDDED_RM = "embedded:tiny-rm"
 """``model_name_or_path`` of the embedded reward model (roll_ds/models/embedded_rm.py)."""
+EMBEDDED_AGENT = "embedded:tiny-agent"
+"""``pretrain`` of the embedded agent model (roll_ds/models/embedded_agent.py): the embedded
+policy warmed up on episodes of the shipped environments, with a chat template."""
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -363,6 +368,11 @@ class RLVRConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     system_envs: dict[str, str] = field(default_factory=dict)
+    # Agentic RL (roll_ds/config/agentic.py): on when train_env_manager.tags is not empty
+    custom_envs: dict[str, EnvSpecConfig] = field(default_factory=dict)
+    train_env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
+    val_env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
+    agentic: AgenticConfig = field(default_factory=AgenticConfig)
 
     actor_train: WorkerConfig = field(default_factory=WorkerConfig)
     actor_infer: WorkerConfig = field(default_factory=WorkerConfig)

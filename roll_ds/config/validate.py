@@ -26,11 +26,14 @@ from dataclasses import fields, is_dataclass
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from roll_ds.agentic.config_checks import agentic_problems
+from roll_ds.config.agentic import is_agentic
 from roll_ds.config.checks.fields import pipeline_field_problems
 from roll_ds.config.checks.lengths import length_problems
 from roll_ds.config.checks.pipeline import (
     algorithm_problems,
     async_problems,
+    model_path_problems,
     path_problems,
     pipeline_problems,
 )
@@ -144,9 +147,14 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += eval_config_problems(cfg)  # validation sampling fields, save_best
     problems += device_problems(cfg)
     problems += layout_problems(cfg)  # weight_sync.transport vs shared GPUs (weight_sync/select.py)
-    if check_files:
-        problems += path_problems(cfg)
-    problems += data_problems(cfg, check_files=check_files)  # keys, formats, files
+    if is_agentic(cfg):  # episodes from environments instead of prompt files
+        problems += agentic_problems(cfg)  # roll_ds/agentic/config_checks.py
+        if check_files:
+            problems += model_path_problems(cfg)
+    else:
+        if check_files:
+            problems += path_problems(cfg)
+        problems += data_problems(cfg, check_files=check_files)  # keys, formats, files
     if problems:
         raise ConfigError(problems)
     return warnings

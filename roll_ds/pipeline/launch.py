@@ -13,13 +13,15 @@ logger = logging.getLogger("roll_ds")
 
 
 def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
+    from roll_ds.config.agentic import is_agentic
+    from roll_ds.pipeline.agentic import AgenticPipeline
     from roll_ds.pipeline.rlvr import RLVRPipeline
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         # Everything that reads user input (model path, data files, routing) fails here,
         # before any Ray actor starts.
-        pipeline = RLVRPipeline(cfg)
+        pipeline = AgenticPipeline(cfg) if is_agentic(cfg) else RLVRPipeline(cfg)
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         print(f"roll_ds: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -33,13 +35,14 @@ def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
 
 
 def _summarise(rows: list[dict[str, float]], out_dir, exported: os.PathLike | None = None) -> None:
-    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    if evals:
-        (s0, a0), (s1, a1) = evals[0], evals[-1]
-        print(
-            f"roll_ds: eval accuracy {a0:.3f} at step {int(s0)} -> {a1:.3f} at step {int(s1)} "
-            f"({(a1 - a0) * 100:+.1f} points)"
-        )
+    for key, name in (("eval/accuracy", "accuracy"), ("eval/success", "episode success")):
+        evals = [(r["step"], r[key]) for r in rows if key in r]
+        if evals:
+            (s0, a0), (s1, a1) = evals[0], evals[-1]
+            print(
+                f"roll_ds: eval {name} {a0:.3f} at step {int(s0)} -> {a1:.3f} at step "
+                f"{int(s1)} ({(a1 - a0) * 100:+.1f} points)"
+            )
     print(f"roll_ds: metrics, curves.png and checkpoints under {out_dir}")
     if exported is not None:
         adapter = os.path.join(exported, "adapter")

@@ -19,10 +19,19 @@ CURVES = (
     "rollout/score",
     "rollout/accuracy",
     "eval/accuracy",
+    "rollout/success",  # agentic: the share of episodes that solved their task
+    "eval/success",
     "actor/pg_loss",
     "critic/value_loss",
 )
-PROGRESS_KEYS = ("rollout/score", "eval/accuracy", "actor/pg_loss", "time/step")
+PROGRESS_KEYS = (
+    "rollout/score",
+    "rollout/success",
+    "eval/accuracy",
+    "eval/success",
+    "actor/pg_loss",
+    "time/step",
+)
 
 
 @contextmanager
@@ -73,7 +82,8 @@ def plot_run_curves(out_dir: Path) -> list[dict[str, float]]:
 
 def dump_rollouts(out_dir: Path, step: int, batch: Batch, *, use_critic: bool) -> None:
     """One JSON row per sample; with a critic also its per-response-token ``values``,
-    ``returns`` and ``advantages`` (to inspect what the critic learns)."""
+    ``returns`` and ``advantages`` (to inspect what the critic learns); for an agentic episode
+    its end status and its turns (the policy's action, the observation, the reward)."""
     token_keys = ("values", "returns", "advantages") if use_critic else ()
     mask = batch["response_mask"] > 0
     out_dir.mkdir(parents=True, exist_ok=True)  # also when stepped without run()
@@ -87,6 +97,9 @@ def dump_rollouts(out_dir: Path, step: int, batch: Batch, *, use_critic: bool) -
                 "score": float(batch["scores"][i]),
             }
             row.update({k: batch[k][i][mask[i]].tolist() for k in token_keys})
+            if "turns" in batch.non_tensors:  # agentic: the episode turn by turn
+                row["status"] = batch["status"][i]
+                row["turns"] = batch["turns"][i]
             f.write(json.dumps(row) + "\n")
 
 

@@ -128,6 +128,28 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
             }
         )
 
+    @register(Dispatch.DP)
+    def generate_turns(self, batch: Batch, *, seed: int, **sampling: Any) -> Batch:
+        """One sample per context (``prompt_ids``), at most ``max_new_tokens`` tokens each:
+        the next turn of agentic episodes. Each context is seeded by its ``row`` (the
+        episode's id), so what it samples does not depend on the split over workers."""
+        out = self.strategy.generate(
+            list(batch["prompt_ids"]),
+            n=1,
+            seed=seed,
+            prompt_indices=[int(r) for r in batch["row"]],
+            max_new_tokens_each=[int(m) for m in batch["max_new_tokens"]],
+            **sampling,
+        )
+        return Batch(
+            non_tensors={
+                "row": list(batch["row"]),
+                "response_ids": out["response_ids"],
+                "rollout_logprobs": out["logprobs"],
+                "finish_reason": out["finish_reason"],
+            }
+        )
+
     @register(Dispatch.ALL)
     def probe_logprobs(self, batch: Batch) -> Any:
         """Log-probs ``[B, T-1]`` of the *whole* probe on this rank (weight-sync parity)."""

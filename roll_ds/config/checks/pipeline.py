@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from roll_ds.config.agentic import is_agentic
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
 from roll_ds.config.roles import TRAIN_ROLES
 from roll_ds.config.schema import EMBEDDED_MODEL, EMBEDDED_RM, RLVRConfig
@@ -89,7 +90,7 @@ def domain_problems(cfg: RLVRConfig) -> list[str]:
             f"{field}: domains {unscored} are scored by no reward role; add them to a "
             "rewards.<name>.tag_included"
         )
-    if cfg.eval_steps > 0 and not cfg.validation.data_args.file_name:
+    if cfg.eval_steps > 0 and not cfg.validation.data_args.file_name and not is_agentic(cfg):
         problems.append(
             f"validation.data_args.file_name: eval_steps={cfg.eval_steps} evaluates on held-out "
             "data but no file is listed; list jsonl files or set eval_steps=0"

@@ -1,0 +1,238 @@
+"""Environments off the driver: ``EnvHost`` holds many environments and steps them concurrently,
+each step bounded by ``step_timeout_s``; ``EnvPool`` spreads episodes over hosts running as Ray
+actors (``RayEnvPool``) or, for tests and tools, in this process (``LocalEnvPool``).
+
+A step that raises, or is still running at its timeout, ends that episode with status
+``error`` / ``timeout`` (the run goes on; a hung step's thread is abandoned, as a daemon). A
+host actor that dies ends its episodes with ``error`` and is replaced by a new one for the next
+batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from roll_ds.agentic.env import Env, as_messages
+
+OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+
+
+@dataclass(frozen=True)
+class EnvTypeSpec:
+    """How to build one tag's environments: the registry name and its keyword arguments."""
+
+    env_type: str
+    env_config: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EnvReply:
+    """A reset's or a step's outcome for one episode. ``observation`` is chat messages."""
+
+    observation: list[dict[str, str]] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    status: str = OK
+    error: str = ""
+    seconds: float = 0.0
+    tools: list[dict[str, Any]] | None = None  # reset only: the environment's tool schemas
+
+
+def _bounded(fn, timeout_s: float) -> tuple[str, Any, float]:
+    """Run ``fn()`` in a daemon thread; ``(status, value or error text, seconds)``."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException:  # an environment's failure is data, whatever it raised
+            box["error"] = traceback.format_exc(limit=4)
+
+    started = time.perf_counter()
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    seconds = time.perf_counter() - started
+    if thread.is_alive():
+        return TIMEOUT, f"no answer within step_timeout_s={timeout_s:g}", seconds
+    if "error" in box:
+        return ERROR, box["error"], seconds
+    return OK, box["value"], seconds
+
+
+class EnvHost:
+    """Many environments in one process, stepped concurrently (one thread per step)."""
+
+    def __init__(self, specs: Mapping[str, EnvTypeSpec], step_timeout_s: float) -> None:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        self.specs = dict(specs)
+        self.step_timeout_s = step_timeout_s
+        self.envs: dict[int, Env] = {}
+
+    def _build(self, tag: str) -> Env:
+        from roll_ds.agentic.registry import ENVS
+
+        spec = self.specs[tag]
+        return ENVS.get(spec.env_type)(**dict(spec.env_config))
+
+    def reset(self, items: Sequence[tuple[int, str, int]]) -> list[EnvReply]:
+        """``(episode_id, tag, seed)`` each: a new environment, reset to ``seed``."""
+
+        def one(episode_id: int, tag: str, seed: int):
+            def run():
+                env = self._build(tag)
+                self.envs[episode_id] = env
+                return as_messages(env.reset(seed)), list(getattr(env, "tools", []) or [])
+
+            return run
+
+        replies = []
+        for (episode_id, _, _), (status, value, seconds) in zip(
+            items, self._all([one(*item) for item in items]), strict=True
+        ):
+            if status == OK:
+                messages, tools = value
+                replies.append(EnvReply(observation=messages, tools=tools, seconds=seconds))
+            else:
+                self.envs.pop(episode_id, None)
+                replies.append(EnvReply(status=status, error=value, seconds=seconds))
+        return replies
+
+    def step(self, items: Sequence[tuple[int, str]]) -> list[EnvReply]:
+        """``(episode_id, action text)`` each, stepped concurrently."""
+
+        def one(episode_id: int, action: str):
+            def run():
+                result = self.envs[episode_id].step(action)
+                return as_messages(result.observation), result
+
+            return run
+
+        replies = []
+        for (episode_id, _), (status, value, seconds) in zip(
+            items, self._all([one(*item) for item in items]), strict=True
+        ):
+            if status == OK:
+                messages, result = value
+                replies.append(
+                    EnvReply(
+                        observation=messages,
+                        reward=float(result.reward),
+                        done=bool(result.done),
+                        info=dict(result.info),
+                        seconds=seconds,
+                    )
+                )
+            else:
+                self.envs.pop(episode_id, None)  # a failed or hung environment is not reused
+                replies.append(EnvReply(status=status, error=value, seconds=seconds))
+        return replies
+
+    def close(self, episode_ids: Sequence[int]) -> None:
+        for episode_id in episode_ids:
+            env = self.envs.pop(episode_id, None)
+            if env is not None:
+                with contextlib.suppress(Exception):  # closing is best effort
+                    env.close()
+
+    def _all(self, fns: list) -> list[tuple[str, Any, float]]:
+        """Every ``fn`` at once, each bounded by the step timeout."""
+        results: list[Any] = [None] * len(fns)
+
+        def run(i: int) -> None:
+            results[i] = _bounded(fns[i], self.step_timeout_s)
+
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(fns))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+
+class LocalEnvPool:
+    """One ``EnvHost`` in this process (tests, evaluation tools)."""
+
+    def __init__(self, specs: Mapping[str, EnvTypeSpec], step_timeout_s: float) -> None:
+        self.host = EnvHost(specs, step_timeout_s)
+
+    def reset(self, items: Sequence[tuple[int, str, int]]) -> list[EnvReply]:
+        return self.host.reset(items)
+
+    def step(self, items: Sequence[tuple[int, str]]) -> list[EnvReply]:
+        return self.host.step(items)
+
+    def close(self, episode_ids: Sequence[int]) -> None:
+        self.host.close(episode_ids)
+
+    def shutdown(self) -> None:
+        self.host.close(list(self.host.envs))
+
+
+class RayEnvPool:
+    """``num_workers`` ``EnvHost`` actors; episode ``i`` lives on host ``i % num_workers``, and
+    every host steps its share at the same time as the others."""
+
+    def __init__(
+        self, specs: Mapping[str, EnvTypeSpec], step_timeout_s: float, num_workers: int = 1
+    ) -> None:
+        import ray
+
+        self._ray = ray
+        self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(EnvHost)
+        self.specs = dict(specs)
+        self.step_timeout_s = step_timeout_s
+        self.hosts = [self._new_host() for _ in range(num_workers)]
+        self.restarts = 0
+
+    def _new_host(self) -> Any:
+        return self._actor_cls.options(runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}}).remote(
+            self.specs, self.step_timeout_s
+        )
+
+    def _scatter(self, method: str, items: Sequence[tuple]) -> list[EnvReply]:
+        shards: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            shards.setdefault(item[0] % len(self.hosts), []).append(i)
+        calls = {
+            h: getattr(self.hosts[h], method).remote([items[i] for i in idx])
+            for h, idx in shards.items()
+        }
+        replies: list[EnvReply] = [EnvReply()] * len(items)
+        for h, call in calls.items():
+            try:
+                out = self._ray.get(call)
+            except self._ray.exceptions.RayActorError as exc:
+                out = [EnvReply(status=ERROR, error=f"environment worker died: {exc}")] * len(
+                    shards[h]
+                )
+                self.hosts[h] = self._new_host()  # its environments are gone with it
+                self.restarts += 1
+            for i, reply in zip(shards[h], out, strict=True):
+                replies[i] = reply
+        return replies
+
+    def reset(self, items: Sequence[tuple[int, str, int]]) -> list[EnvReply]:
+        return self._scatter("reset", items)
+
+    def step(self, items: Sequence[tuple[int, str]]) -> list[EnvReply]:
+        return self._scatter("step", items)
+
+    def close(self, episode_ids: Sequence[int]) -> None:
+        for h, host in enumerate(self.hosts):
+            mine = [e for e in episode_ids if e % len(self.hosts) == h]
+            if mine:
+                host.close.remote(mine)
+
+    def shutdown(self) -> None:
+        for host in self.hosts:
+            self._ray.kill(host)
+        self.hosts = []

@@ -1,0 +1,105 @@
+"""One episode's tokens, masks and rewards, as the runner builds it turn by turn.
+
+    prompt_ids                        the first observation (chat template, generation prompt)
+    token_ids   = turn 0's policy tokens + observation 0's tokens + turn 1's policy tokens ...
+    policy_mask = 1 on policy tokens (what the loss trains), 0 on observation / tool tokens
+    logprobs    = vLLM's sampled log-probs on policy tokens, 0 elsewhere
+    turn_index  = the turn each token belongs to (observation tokens: the turn they answer)
+
+``token_ids`` holds the policy's tokens exactly as generated and the observation tokens as
+``ChatFormat.observation_ids`` made them; nothing is ever re-tokenised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# How an episode ended
+RUNNING = "running"
+DONE = "done"  # the environment said done
+MAX_TURNS = "max_turns"  # max_actions_per_traj turns taken
+CONTEXT_LIMIT = "context_limit"  # the next turn would not fit max_context_tokens
+ENV_ERROR = "env_error"  # reset / step raised, or the environment worker died
+ENV_TIMEOUT = "env_timeout"  # reset / step took longer than step_timeout_s
+STATUSES = (DONE, MAX_TURNS, CONTEXT_LIMIT, ENV_ERROR, ENV_TIMEOUT)
+
+
+@dataclass
+class Episode:
+    """``group``: the GRPO group (episodes sharing ``env_seed`` in environment ``tag``)."""
+
+    episode_id: int
+    group: int
+    tag: str
+    env_seed: int
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    policy_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_index: list[int] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)  # readable: action, observation
+    status: str = RUNNING
+    success: bool = False
+    tool_calls: int = 0
+    tool_errors: int = 0
+    format_errors: int = 0
+    env_seconds: float = 0.0
+    last_turn_closed: bool = True  # the last policy turn ended with the end-of-turn token
+
+    @property
+    def running(self) -> bool:
+        return self.status == RUNNING
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def context_length(self) -> int:
+        return len(self.prompt_ids) + len(self.token_ids)
+
+    @property
+    def context_ids(self) -> list[int]:
+        return [*self.prompt_ids, *self.token_ids]
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.turn_rewards))
+
+    def add_policy_turn(self, ids: list[int], logprobs: list[float], *, closed: bool) -> None:
+        """The policy's tokens of a new turn, as generated."""
+        if len(ids) != len(logprobs):
+            raise ValueError(f"{len(ids)} policy tokens but {len(logprobs)} log-probs")
+        turn = len(self.turn_rewards)
+        self.token_ids.extend(ids)
+        self.policy_mask.extend([1] * len(ids))
+        self.logprobs.extend(float(x) for x in logprobs)
+        self.turn_index.extend([turn] * len(ids))
+        self.turn_rewards.append(0.0)
+        self.last_turn_closed = closed
+
+    def add_reward(self, reward: float, info: dict[str, Any]) -> None:
+        """The environment's answer to the last turn: its reward and counters."""
+        self.turn_rewards[-1] += float(reward)
+        self.success = self.success or bool(info.get("success", False))
+        self.tool_calls += int(info.get("tool_calls", 0))
+        self.tool_errors += int(bool(info.get("tool_error", False)))
+        self.format_errors += int(bool(info.get("format_error", False)))
+
+    def add_observation(self, ids: list[int]) -> None:
+        """The environment's reply tokens (not trained on) after the last turn."""
+        turn = max(len(self.turn_rewards) - 1, 0)
+        self.token_ids.extend(ids)
+        self.policy_mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+        self.turn_index.extend([turn] * len(ids))
+
+    def end(self, status: str) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown episode status {status!r}; valid: {', '.join(STATUSES)}")
+        self.status = status
+
+    def record(self, action: str, observation: str, reward: float) -> None:
+        self.turns.append({"action": action, "observation": observation, "reward": reward})

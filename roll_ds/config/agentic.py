@@ -1,0 +1,73 @@
+"""The agentic pipeline's config sections, named after ROLL's agentic pipeline where they mean
+the same thing (a ROLL user recognises ``train_env_manager``, ``custom_envs``, ``tags``,
+``group_size``, ``max_actions_per_traj``):
+
+    custom_envs:                  # environment tags -> how to build them
+      GuessNumber:
+        env_type: guess_number    # a name in roll_ds.agentic.registry.ENVS
+        max_actions_per_traj: 6   # turns per episode
+        max_tokens_per_step: 16   # policy tokens per turn
+        env_config: {high: 16}    # the environment's keyword arguments
+    train_env_manager:            # the episodes of one training step
+      num_env_groups: 16          # GRPO groups (= rollout_batch_size)
+      group_size: 8               # episodes per group, sharing one environment seed
+      tags: [GuessNumber]
+      num_groups_partition: null  # groups per tag (null: split evenly)
+    val_env_manager:              # held-out episodes (seeds from val_seed_offset)
+      num_env_groups: 64
+      group_size: 1
+      tags: [GuessNumber]
+    agentic: {...}                # runner settings (AgenticConfig)
+
+The pipeline is agentic when ``train_env_manager.tags`` is not empty. Each episode's context
+budget is ``prompt_length + response_length`` (the first observation, then every policy and
+observation token after it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+REWARD_MODES = ("trajectory", "per_turn")
+
+
+@dataclass
+class EnvSpecConfig:
+    """One entry of ``custom_envs``."""
+
+    env_type: str = MISSING
+    env_config: dict[str, Any] = field(default_factory=dict)
+    max_actions_per_traj: int = 5
+    max_tokens_per_step: int = 32
+
+
+@dataclass
+class EnvManagerConfig:
+    num_env_groups: int = 0
+    group_size: int = 1
+    tags: list[str] = field(default_factory=list)
+    num_groups_partition: list[int] | None = None
+    # Seeds of group g at step s are drawn from (seed, s, g); validation seeds start at
+    # val_seed_offset so no held-out episode is ever trained on.
+    max_env_num_per_worker: int = 256  # environments one environment worker hosts
+
+
+@dataclass
+class AgenticConfig:
+    num_env_workers: int = 1  # environment worker actors (Ray), episodes spread over them
+    step_timeout_s: float = 30.0  # an environment reset / step past it ends the episode
+    error_reward: float = 0.0  # reward of an episode ended by an environment error / timeout
+    # trajectory: every policy token of an episode gets its group-normalised return;
+    # per_turn: turn t's tokens get the discounted return from turn t, normalised by its
+    # group's episode returns (turn_gamma the discount)
+    reward_mode: str = "trajectory"
+    turn_gamma: float = 1.0
+    val_seed_offset: int = 1_000_000
+
+
+def is_agentic(cfg: Any) -> bool:
+    """Whether ``cfg`` (an ``RLVRConfig``) trains on environment episodes."""
+    return bool(cfg.train_env_manager.tags)
