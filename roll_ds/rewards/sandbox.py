@@ -3,19 +3,28 @@
 What a program in the sandbox meets (the launcher, :mod:`roll_ds.rewards.sandbox_launcher`,
 sets it up; see its doc for the order of the steps):
 
+* **User**: never the worker's: when the worker is root the program runs as ``sandbox_uid`` /
+  ``sandbox_gid`` (``nobody``) with no supplementary groups, in every mode; otherwise as the
+  worker's own (unprivileged) user.
 * **Processes**: its own session / process group, and pid 1 of a fresh pid namespace, so when
   it ends or is stopped every process it started dies with it (also ones that ``setsid``).
   ``RLIMIT_NPROC`` inside a fresh user namespace counts only the sandbox's own processes: a
   fork bomb stalls at ``max_processes`` instead of eating the host's (shared) process budget.
 * **Resources**: ``RLIMIT_CPU`` (the wall timeout rounded up), ``RLIMIT_AS`` (``memory_mb``),
   ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE=0``; a wall-clock timeout after which the
-  run is killed; stdout and stderr read up to ``max_output_bytes`` each, killed beyond.
-* **Files**: every mount read-only; the work dir is a fresh tmpfs of ``workdir_mb`` (it vanishes
-  with the namespace; the host-side temporary directory is removed after every run, also after a
-  kill); the home directory, the temp directory, ``/dev/shm`` and ``/run`` (Unix sockets such as
-  Ray's) are covered by empty tmpfs mounts; a fresh read-only ``/proc`` shows only the sandbox's
-  processes. When the worker runs as root the program runs as ``sandbox_uid`` (``nobody``).
-  Reading the rest of the file system (e.g. ``/etc``, the repository) is *not* prevented.
+  run is killed; stdout and stderr read up to ``max_output_bytes`` each, killed beyond. Where
+  the host offers cgroup v2 with memory, pids and cpu (:mod:`roll_ds.rewards.sandbox_cgroup`),
+  a cgroup per run bounds its processes together (``memory_mb``, ``max_processes``, one core);
+  elsewhere :meth:`Sandbox.probe` logs once that limits are per process only.
+* **Files**: a minimal root of its own (``pivot_root`` into a tmpfs): the interpreter's
+  executable, standard library and ``libpython`` (site-packages covered), the system's shared
+  library directories (``/lib*``, ``/usr/lib*``), ``/dev/{null,zero,random,urandom}``, a fresh
+  read-only ``/proc`` showing only the sandbox's processes, and the work dir, a fresh tmpfs of
+  ``workdir_mb`` (it vanishes with the namespace; the host-side temporary directory is removed
+  after every run, also after a kill). All read-only but the work dir. Not there: the
+  repository, data, outputs, models, ``/etc``, home, ``/tmp`` (Ray's sockets), ``/sys``.
+* **IPC**: its own IPC namespace: System V shared memory, semaphores and message queues die
+  with the run.
 * **Environment**: only ``PATH``, ``LANG``, ``LC_ALL``, ``HOME`` and ``TMPDIR`` (the work dir);
   ``python -I -S -B`` ignores ``PYTHON*`` variables, the user site and site-packages (the
   program gets the standard library only).
@@ -23,13 +32,16 @@ sets it up; see its doc for the order of the steps):
   (not even the host's 127.0.0.1) is reachable.
 
 The namespaces need unprivileged user namespaces (Linux; ``user.max_user_namespaces`` > 0, not
-disabled by ``kernel.unprivileged_userns_clone=0`` or an AppArmor / seccomp policy) and
-``mount_setattr`` (Linux >= 5.12). :meth:`Sandbox.probe` checks once; ``network_isolation``
-says what happens where the kernel refuses: ``required`` (default) raises
-:class:`SandboxUnavailable`; ``best_effort`` warns and runs with the rlimits, the process group
-and the timeouts only (no network, file-system or fork-bomb isolation: ``RLIMIT_NPROC`` then
-counts all processes of the user, and root ignores it); ``off`` uses the namespaces but no
-network namespace (and falls back like ``best_effort``).
+disabled by ``kernel.unprivileged_userns_clone=0``, an AppArmor restriction or a seccomp
+profile, such as Docker's default, that refuses ``unshare``) and ``mount_setattr`` (Linux >=
+5.12); no privilege of the host: root without CAP_SYS_ADMIN drops to ``sandbox_uid`` first.
+:meth:`Sandbox.probe` checks once; ``network_isolation`` says what happens where the kernel
+refuses: ``required`` (default) raises :class:`SandboxUnavailable` naming the container
+options (cluster/README.md); ``best_effort`` warns and runs with the unprivileged user, the
+rlimits, the cgroup, the process group and the timeouts only (no network, file-system or IPC
+isolation: the program can read what ``nobody`` can read; ``RLIMIT_NPROC`` then counts all
+processes of that user); ``off`` uses the namespaces but no network namespace (and falls back
+like ``best_effort``).
 """
 
 from __future__ import annotations
@@ -50,6 +62,8 @@ import threading
 import time
 from dataclasses import dataclass, fields
 
+from roll_ds.rewards import sandbox_cgroup
+
 logger = logging.getLogger(__name__)
 
 NETWORK_ISOLATION = ("required", "best_effort", "off")
@@ -68,6 +82,14 @@ LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_lau
 SETUP_TIMEOUT_S = 30.0  # launcher start + namespaces, before the program's own clock starts
 KILL_GRACE_S = 2.0  # after SIGTERM to the launcher, SIGKILL to the whole process group
 _CHUNK = 1 << 16
+
+
+#: what a refusal says to do in a container (cluster/README.md, "The code sandbox")
+REFUSAL_HINT = (
+    "in a container, allow unshare and mount: Docker `--security-opt seccomp=unconfined "
+    "--security-opt apparmor=unconfined`, Kubernetes seccompProfile and appArmorProfile "
+    "Unconfined (no CAP_SYS_ADMIN or --privileged needed; see cluster/README.md)"
+)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -157,46 +179,12 @@ def classify(
     return "runtime_error"
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _closed_ancestor(path: str) -> str | None:
-    """The first directory on the way to ``path`` that others may not enter (e.g. ``/root``)."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts) + 1):
-        d = "/" + "/".join(parts[:i])
-        if not os.stat(d).st_mode & 0o001:
-            return d
-    return None
-
-
-def hidden_dirs(workdir: str, as_root: bool) -> list[dict]:
-    """Directories covered by an empty tmpfs inside the sandbox, with what is bound back into
-    them (the interpreter's prefix) and the work dir's mount point created in them."""
-    prefix = os.path.realpath(sys.base_prefix)
-    candidates = [os.path.expanduser("~"), tempfile.gettempdir(), "/tmp", "/dev/shm", "/run"]
-    if as_root and (closed := _closed_ancestor(prefix)):
-        candidates.append(closed)
-    paths: list[str] = []
-    for c in sorted({os.path.realpath(c) for c in candidates if os.path.isdir(c)}, key=len):
-        if c != "/" and not any(_inside(c, p) for p in paths):
-            paths.append(c)
-    return [
-        {
-            "path": p,
-            "keep": [prefix] if _inside(prefix, p) else [],
-            "make": [workdir] if _inside(workdir, p) else [],
-        }
-        for p in paths
-    ]
-
-
 class Sandbox:
     """Runs programs under :class:`SandboxLimits`; thread-safe (each run is its own process).
 
     ``sandbox_uid`` / ``sandbox_gid``: who the program runs as when this process is root;
-    ``tmp_dir``: where the host-side work dirs are made (default: the system temp dir).
+    ``tmp_dir``: where the host-side work dirs are made (default: the system temp dir);
+    ``python``: the interpreter of the programs (default: this one's base interpreter).
     """
 
     def __init__(
@@ -206,6 +194,7 @@ class Sandbox:
         sandbox_uid: int = 65534,
         sandbox_gid: int = 65534,
         tmp_dir: str | None = None,
+        python: str | None = None,
     ) -> None:
         if network_isolation not in NETWORK_ISOLATION:
             raise ValueError(
@@ -216,11 +205,14 @@ class Sandbox:
         self.uid, self.gid = sandbox_uid, sandbox_gid
         self.tmp_dir = tmp_dir
         # the base interpreter, not a venv's: programs get the standard library only
-        self.python = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
+        base = python or getattr(sys, "_base_executable", "") or sys.executable
+        self.python = os.path.realpath(base)
         self._namespaces: bool | None = None  # decided by probe()
         self._refusal: SandboxUnavailable | None = None
         self._probe_lock = threading.Lock()
         self.isolation: list[str] = []  # namespaces in use after probe()
+        self.cgroup_parent: str | None = None  # where run cgroups go, after probe()
+        self.cgroup_reason = "not probed"  # why there are none
 
     # -- start-up -------------------------------------------------------------------------
     def probe(self) -> list[str]:
@@ -228,34 +220,69 @@ class Sandbox:
 
         Raises :class:`SandboxUnavailable` (``network_isolation: required``; then every later
         run raises it too, so nothing ever runs less isolated than configured) or warns and
-        falls back to rlimits only (``best_effort`` / ``off``).
+        falls back to rlimits only (``best_effort`` / ``off``), still as an unprivileged user:
+        where that cannot run either, it raises too.
         """
         with self._probe_lock:
             if self._refusal is not None:
                 raise self._refusal
             if self._namespaces is not None:
                 return self.isolation
-            res = self._run_source("print('ok')", "", namespaces=True)
-            if res.category == "ok" and res.stdout.strip() == "ok":
+            self._probe_cgroup()
+            works, detail = self._namespaces_work()
+            if works:
                 self._namespaces = True
                 return self.isolation
             msg = (
-                "code sandbox: this host refuses the sandbox's namespaces "
-                f"({res.detail or res.stderr.strip()[-300:]}). "
-                "They need unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
-                "kernel.unprivileged_userns_clone=1, no AppArmor/seccomp rule against unshare) "
-                "and Linux >= 5.12"
+                f"code sandbox: this host refuses the sandbox's namespaces ({detail}). They "
+                "need unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
+                "kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns"
+                "=0) and Linux >= 5.12; " + REFUSAL_HINT
             )
             if self.network_isolation == "required":
                 self._refusal = SandboxUnavailable(
                     f"{msg}. Allow them, or opt out explicitly with the code reward's "
-                    "network_isolation: best_effort (then programs run with rlimits and "
-                    "timeouts only: network, files and process count are NOT isolated)"
+                    "network_isolation: best_effort (then programs run as an unprivileged user "
+                    "with rlimits and timeouts only: network, files and IPC are NOT isolated)"
+                )
+                raise self._refusal
+            res = self._run_source("print('ok')", "", namespaces=False)
+            if res.category != "ok" or res.stdout.strip() != "ok":
+                self._refusal = SandboxUnavailable(
+                    f"{msg}. The fallback of network_isolation: {self.network_isolation} "
+                    f"cannot run either ({res.detail or res.stderr.strip()[-300:]}): it runs "
+                    f"{self.python} as uid {self.uid} when the worker is root, so that user "
+                    "must be able to read it, its standard library and the work dirs' parent "
+                    f"({self.tmp_dir or tempfile.gettempdir()})"
                 )
                 raise self._refusal
             logger.warning("%s; running programs with rlimits and timeouts only", msg)
             self._namespaces, self.isolation = False, []
             return self.isolation
+
+    def _namespaces_work(self) -> tuple[bool, str]:
+        res = self._run_source("print('ok')", "", namespaces=True)
+        ok = res.category == "ok" and res.stdout.strip() == "ok"
+        return ok, res.detail or res.stderr.strip()[-300:]
+
+    def _probe_cgroup(self) -> None:
+        """Decide once whether runs get a cgroup; say once when they do not."""
+        try:
+            parent, reason = sandbox_cgroup.find_parent()
+            if parent is not None:
+                sandbox_cgroup.RunCgroup.create(parent, self.limits).remove()
+        except OSError as e:
+            parent, reason = None, f"cannot make a cgroup ({e})"
+        self.cgroup_parent, self.cgroup_reason = parent, reason
+        if parent is None:
+            lim = self.limits
+            logger.warning(
+                "code sandbox: no per-run cgroup (%s); limits are per process (rlimits): a "
+                "run's %d processes may each use %d MB, and every reward worker's runs add up",
+                reason,
+                lim.max_processes,
+                lim.memory_mb,
+            )
 
     # -- one run ---------------------------------------------------------------------------
     def run(self, source: str, stdin: str = "") -> SandboxResult:
@@ -265,17 +292,31 @@ class Sandbox:
         return self._run_source(source, stdin, namespaces=bool(self._namespaces))
 
     def _run_source(self, source: str, stdin: str, namespaces: bool) -> SandboxResult:
+        try:
+            cgroup = self._new_cgroup()
+        except OSError as e:
+            return SandboxResult("", "", "sandbox_error", detail=f"cgroup: {e}")
         workdir = tempfile.mkdtemp(prefix="roll_ds_sandbox_", dir=self.tmp_dir)
         try:
             with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
                 f.write(source)
             with open(os.path.join(workdir, "stdin.txt"), "w", encoding="utf-8") as f:
                 f.write(stdin)
-            return self._run_in(workdir, namespaces)
+            result = self._run_in(workdir, namespaces, cgroup)
+            if cgroup is not None and result.category == "runtime_error" and cgroup.oom_killed():
+                result.category = "memory"  # memory.max: the kernel killed one of its processes
+            return result
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+            if cgroup is not None:
+                cgroup.remove()
 
-    def _config(self, workdir: str, namespaces: bool) -> dict:
+    def _new_cgroup(self) -> sandbox_cgroup.RunCgroup | None:
+        if self.cgroup_parent is None:
+            return None
+        return sandbox_cgroup.RunCgroup.create(self.cgroup_parent, self.limits)
+
+    def _config(self, workdir: str, namespaces: bool, cgroup_path: str | None) -> dict:
         lim = self.limits
         return {
             "workdir": workdir,
@@ -284,7 +325,7 @@ class Sandbox:
             "net": self.network_isolation != "off",
             "uid": self.uid,
             "gid": self.gid,
-            "hide": hidden_dirs(workdir, os.geteuid() == 0),
+            "cgroup": cgroup_path,
             "workdir_mb": lim.workdir_mb,
             "python": self.python,
             "env": {
@@ -307,7 +348,9 @@ class Sandbox:
     def cpu_limit_s(self) -> int:
         return max(1, math.ceil(self.limits.timeout_s))
 
-    def _run_in(self, workdir: str, namespaces: bool) -> SandboxResult:
+    def _run_in(
+        self, workdir: str, namespaces: bool, cgroup: sandbox_cgroup.RunCgroup | None
+    ) -> SandboxResult:
         status_r, status_w = os.pipe()
         try:
             proc = subprocess.Popen(
@@ -318,7 +361,7 @@ class Sandbox:
                     "-B",
                     LAUNCHER,
                     str(status_w),
-                    json.dumps(self._config(workdir, namespaces)),
+                    json.dumps(self._config(workdir, namespaces, cgroup and cgroup.path)),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

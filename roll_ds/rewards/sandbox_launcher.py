@@ -3,47 +3,67 @@
 Run by the sandbox as ``python -I -S -B sandbox_launcher.py STATUS_FD CONFIG_JSON`` in a fresh
 session (its own process group); it imports only the standard library because ``-I -S`` leaves
 ``roll_ds`` and site-packages off ``sys.path``. Python 3.11 has no ``os.unshare``, hence ctypes.
+It runs under the interpreter the program will run under, so it finds that interpreter's files
+(executable, standard library, ``libpython``) from its own ``sys`` / ``sysconfig``.
 
 Steps (each failure is reported on the status pipe as ``{"event": "error", "stage": ...}``):
 
 1. ``PR_SET_PDEATHSIG``: if the reward worker's thread dies, so does this launcher (and, by
-   step 5's death signal, the program and its namespace).
-2. Read the program and open its stdin from the host work dir.
-3. Namespaces (``"namespaces": true``). As root: a private mount namespace in which the home
-   directory (and any directory the sandbox user cannot enter on the way to the interpreter) is
-   covered by an empty tmpfs with only the interpreter's prefix bound back, every mount is made
-   read-only, and the work dir becomes a small tmpfs; then drop to the sandbox uid/gid. Then, as
-   that unprivileged user: new user, mount, pid and (``"net": true``) network namespaces. Not
-   root: the same, all inside the new user namespace. The user namespace makes RLIMIT_NPROC
-   count only this sandbox's processes (the kernel counts processes per user *per user
-   namespace*), so a fork bomb hits its own limit without touching the host's budget.
-4. Fork the program as pid 1 of the new pid namespace: when it exits or is killed, the kernel
+   step 5's death signal, the program and its namespaces).
+2. Read the program and open its stdin from the host work dir; join the run's cgroup (when the
+   sandbox made one).
+3. Drop privileges: as root, become ``uid`` / ``gid`` with no supplementary groups, in every
+   mode (first ``chdir`` into the interpreter's prefix, which may sit under a directory that
+   user cannot enter, such as ``/root``: mounts below reach it relative to the working
+   directory). Nothing below needs a privilege of the host: root without CAP_SYS_ADMIN works.
+4. Namespaces (``"namespaces": true``): new user (mapping only that uid / gid onto itself),
+   mount, pid, IPC and (``"net": true``) network namespaces. The user namespace makes
+   RLIMIT_NPROC count only this sandbox's processes (the kernel counts processes per user *per
+   user namespace*); the IPC namespace takes System V shared memory, semaphores and message
+   queues with it. In the mount namespace a minimal root is built on a tmpfs (see
+   :func:`build_root`): the interpreter, the system's shared libraries, four devices, an empty
+   ``/proc`` mount point and the work dir, all read-only except the work dir.
+5. Fork the program as pid 1 of the new pid namespace: when it exits or is killed, the kernel
    kills every process left in the namespace, including ones that left the process group with
-   ``setsid``. It mounts a fresh /proc (host processes and their environments are invisible),
-   writes ``main.py`` into the tmpfs work dir, sets the rlimits and ``PR_SET_NO_NEW_PRIVS``, and
-   execs ``python -I -S -B main.py`` with a minimal environment.
-5. Wait for it and report its wait status and CPU time. SIGTERM to the launcher kills the
+   ``setsid``. It mounts a fresh read-only /proc in the new root (only the sandbox's processes),
+   switches to its own mount namespace and ``pivot_root``s into the new root, detaching the
+   host's file system; writes ``main.py`` into the work dir, sets the rlimits and
+   ``PR_SET_NO_NEW_PRIVS``, and execs ``python -I -S -B main.py`` with a minimal environment.
+   Without namespaces (``best_effort`` where the kernel refuses them) it runs in the host's
+   file system as the dropped user.
+6. Wait for it and report its wait status and CPU time. SIGTERM to the launcher kills the
    program first (how the sandbox stops a run that is over time or over its output cap).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import resource
 import signal
 import sys
+import sysconfig
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64
-AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine, 155)
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
+#: the shared libraries' directories (a symlink to another, with usrmerge, is kept as one)
+LIB_DIRS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32")
+DEVICES = ("null", "zero", "random", "urandom")
+#: where the new root is built (a directory every user can reach; covered in the namespace only)
+NEW_ROOT = "/tmp"
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -88,31 +108,6 @@ def write_file(path: str, text: str) -> None:
         os.close(fd)
 
 
-def enter_user_namespace(flags: int) -> None:
-    """New user namespace (plus ``flags``) that maps only our own uid/gid onto themselves."""
-    uid, gid = os.geteuid(), os.getegid()
-    unshare(CLONE_NEWUSER | flags)
-    write_file("/proc/self/setgroups", "deny")
-    write_file("/proc/self/uid_map", f"{uid} {uid} 1")
-    write_file("/proc/self/gid_map", f"{gid} {gid} 1")
-
-
-def hide(path: str, keep: list[str], make: list[str]) -> None:
-    """Cover ``path`` with an empty tmpfs, binding back the directories in ``keep`` below it and
-    creating the (mount point) directories in ``make``."""
-    fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in keep]
-    try:
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for k, fd in zip(keep, fds, strict=True):
-            os.makedirs(k, mode=0o755, exist_ok=True)
-            mount(f"/proc/self/fd/{fd}", k, None, MS_BIND | MS_REC)
-        for m in make:
-            os.makedirs(m, mode=0o755, exist_ok=True)
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 def _mount_setattr(path: str, flags: int, attr_set: int, attr_clr: int) -> None:
     attr = MountAttr(attr_set, attr_clr, 0, 0)
     ret = libc.syscall(
@@ -126,44 +121,125 @@ def _mount_setattr(path: str, flags: int, attr_set: int, attr_clr: int) -> None:
     _check(ret, f"mount_setattr({path})")
 
 
-def read_only_everywhere() -> None:
-    """Every mount read-only (recursively, ``mount_setattr``; Linux >= 5.12), except /proc
-    itself: the uid/gid maps of the user namespace are written there (the program gets a fresh
-    read-only procfs of its own)."""
-    _mount_setattr("/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
-    _mount_setattr("/proc", 0, 0, MOUNT_ATTR_RDONLY)
+def drop_privileges(uid: int, gid: int) -> None:
+    """Root becomes ``uid`` / ``gid`` with no supplementary groups (needs CAP_SETUID/SETGID
+    only); anyone else stays who they are."""
+    if os.geteuid() != 0:
+        return
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    prctl(PR_SET_DUMPABLE, 1)  # a uid change clears it; /proc/self/*_map need it
 
 
-def private_filesystem(cfg: dict, owner: tuple[int, int] | None) -> None:
-    """In the current (new) mount namespace: hide directories, read-only everything, and a
-    size-limited tmpfs on the work dir (owned by ``owner`` when given)."""
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    for h in cfg["hide"]:
-        hide(h["path"], h["keep"], h["make"])
-    read_only_everywhere()
-    opts = f"size={cfg['workdir_mb']}m,mode=0700"
-    if owner is not None:
-        opts += f",uid={owner[0]},gid={owner[1]}"
-    mount("tmpfs", cfg["workdir"], "tmpfs", MS_NOSUID | MS_NODEV, opts)
+def enter_user_namespace(flags: int) -> None:
+    """New user namespace (plus ``flags``) that maps only our own uid/gid onto themselves."""
+    uid, gid = os.geteuid(), os.getegid()
+    unshare(CLONE_NEWUSER | flags)
+    write_file("/proc/self/setgroups", "deny")
+    write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+    write_file("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
-def isolate(cfg: dict) -> list[str]:
-    """Step 3 of the module doc; returns the namespaces entered."""
-    extra = CLONE_NEWNET if cfg["net"] else 0
-    names = ["user", "mount", "pid"] + (["net"] if cfg["net"] else [])
-    if os.geteuid() == 0:
-        uid, gid = cfg["uid"], cfg["gid"]
-        unshare(CLONE_NEWNS)
-        private_filesystem(cfg, owner=(uid, gid))
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-        prctl(PR_SET_DUMPABLE, 1)  # a uid change clears it; /proc/self/*_map need it
-        enter_user_namespace(CLONE_NEWNS | CLONE_NEWPID | extra)
+def interpreter_files() -> dict:
+    """What this interpreter needs, found from itself: ``anchor`` (the directory they share,
+    entered before the privilege drop), ``binds`` (host paths bound at the same path),
+    ``links`` (symlinks among the library dirs) and ``empty`` (site-packages, covered)."""
+    exe = os.path.realpath(sys.executable)
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}  # never a venv's
+    own = [exe, stdlib, os.path.realpath(sysconfig.get_path("platstdlib", vars=base))]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):  # libpython, by the name the linker uses
+        libdir = os.path.realpath(sysconfig.get_config_var("LIBDIR"))
+        lib = os.path.join(libdir, sysconfig.get_config_var("INSTSONAME"))
+        if os.path.exists(lib):
+            own.append(lib)
+    links, binds = {}, []
+    for d in LIB_DIRS:
+        if os.path.islink(d):
+            links[d] = os.readlink(d)
+        elif os.path.isdir(d):
+            binds.append(d)
+    binds += [p for p in dict.fromkeys(own) if not any(_inside(p, b) for b in binds)]
+    site = os.path.join(stdlib, "site-packages")
+    return {
+        "exe": exe,
+        "anchor": os.path.commonpath(own),
+        "binds": binds,
+        "links": links,
+        "empty": [site] if os.path.isdir(site) else [],
+    }
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _mount_point(path: str, like: str) -> None:
+    """Create ``path`` as a directory, or an empty file when ``like`` is not a directory."""
+    if os.path.isdir(like):
+        os.makedirs(path, mode=0o755, exist_ok=True)
     else:
-        enter_user_namespace(CLONE_NEWNS | CLONE_NEWPID | extra)
-        private_filesystem(cfg, owner=None)
-    return names
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+
+
+def build_root(cfg: dict, files: dict) -> str:
+    """In the current (new) mount namespace: a minimal root on a tmpfs over :data:`NEW_ROOT`,
+    returned for :func:`enter_root`; the work dir keeps its host path in it. Host paths below
+    the anchor are named relative to the working directory (the anchor), so the dropped user
+    needs no access to the anchor's ancestors."""
+    new, anchor = NEW_ROOT, files["anchor"]
+
+    def source(path: str) -> str:
+        return os.path.relpath(path, anchor) if _inside(path, anchor) else path
+
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for path in files["binds"]:
+        _mount_point(new + path, source(path))
+        mount(source(path), new + path, None, MS_BIND | MS_REC)
+    for path, target in files["links"].items():
+        os.makedirs(os.path.dirname(new + path), mode=0o755, exist_ok=True)
+        os.symlink(target, new + path)
+    for path in files["empty"]:
+        mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+    os.makedirs(new + "/dev", mode=0o755)
+    for name in DEVICES:
+        _mount_point(f"{new}/dev/{name}", f"/dev/{name}")
+        mount(f"/dev/{name}", f"{new}/dev/{name}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0")):
+        os.symlink(target, f"{new}/dev/{name}")
+    os.symlink("/proc/self/fd/1", f"{new}/dev/stdout")
+    os.symlink("/proc/self/fd/2", f"{new}/dev/stderr")
+    os.makedirs(new + "/proc", mode=0o555)
+    os.makedirs(new + cfg["workdir"], mode=0o755)
+    _mount_setattr(new, AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0)
+    opts = f"size={cfg['workdir_mb']}m,mode=0700"
+    mount("tmpfs", new + cfg["workdir"], "tmpfs", MS_NOSUID | MS_NODEV, opts)
+    return new
+
+
+def enter_root(new: str) -> None:
+    """In the program's process (pid 1 of the pid namespace): a fresh /proc in the new root,
+    then its own mount namespace whose root is the new root; the host's is detached."""
+    with contextlib.suppress(OSError):  # refused under a container's masked /proc: none
+        mount("proc", new + "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    unshare(CLONE_NEWNS)  # the launcher keeps the host's root
+    os.chdir(new)
+    _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(libc.umount2(b".", ctypes.c_int(MNT_DETACH)), "umount old root")
+    os.chdir("/")
+
+
+def isolate(cfg: dict, files: dict) -> tuple[list[str], str]:
+    """Steps 3 and 4 of the module doc: the namespaces entered and the new root."""
+    extra = CLONE_NEWNET if cfg["net"] else 0
+    os.chdir(files["anchor"])
+    drop_privileges(cfg["uid"], cfg["gid"])
+    enter_user_namespace(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | extra)
+    root = build_root(cfg, files)
+    return ["user", "mount", "pid", "ipc"] + (["net"] if cfg["net"] else []), root
 
 
 def set_limits(limits: dict) -> None:
@@ -179,15 +255,14 @@ def set_limits(limits: dict) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def run_program(cfg: dict, status_fd: int, source: bytes, stdin_fd: int, namespaced: bool) -> None:
-    """Step 4, in the forked child; never returns."""
+def run_program(cfg: dict, status_fd: int, source: bytes, stdin_fd: int, root: str | None) -> None:
+    """Step 5, in the forked child; never returns."""
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if namespaced:
-            try:
-                mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            except OSError:  # the kernel refuses a new procfs: hide the host's instead
-                mount("tmpfs", "/proc", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
+        if root is not None:
+            enter_root(root)
+        else:
+            drop_privileges(cfg["uid"], cfg["gid"])
         os.chdir(cfg["workdir"])
         fd = os.open("main.py", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, source)
@@ -219,10 +294,17 @@ def main() -> int:
         with open(os.path.join(workdir, "main.py"), "rb") as f:
             source = f.read()
         stdin_fd = os.open(os.path.join(workdir, "stdin.txt"), os.O_RDONLY)
+        if cfg["cgroup"]:
+            stage = "cgroup"
+            write_file(os.path.join(cfg["cgroup"], "cgroup.procs"), str(os.getpid()))
         namespaces: list[str] = []
+        root = None
         if cfg["namespaces"]:
             stage = "namespaces"
-            namespaces = isolate(cfg)
+            namespaces, root = isolate(cfg, interpreter_files())
+        elif os.geteuid() == 0:  # the program drops to the sandbox user in the host's files
+            os.chown(workdir, cfg["uid"], cfg["gid"])
+            os.unlink(os.path.join(workdir, "main.py"))  # it writes its own copy
         stage = "fork"
         # The sandbox stops a run with SIGTERM: kill the program (its namespace dies with it),
         # then reap and report as usual. The child is unreaped, so its pid cannot be reused.
@@ -233,7 +315,7 @@ def main() -> int:
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            run_program(cfg, status_fd, source, stdin_fd, bool(namespaces))
+            run_program(cfg, status_fd, source, stdin_fd, root)
         signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         os.close(stdin_fd)

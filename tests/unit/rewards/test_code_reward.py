@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 
 import pytest
 
@@ -24,7 +23,8 @@ from roll_ds.rewards.code_reward import (
     outputs_match,
     parse_tests,
 )
-from roll_ds.rewards.sandbox import SandboxResult, classify, hidden_dirs, last_exception
+from roll_ds.rewards.sandbox import SandboxResult, classify, last_exception
+from roll_ds.rewards.sandbox_launcher import interpreter_files
 
 
 def test_parse_tests_accepts_both_shapes_and_names_what_is_wrong():
@@ -117,17 +117,19 @@ def test_bad_code_options_fail_config_validation():
     assert "rewards.code.reward_fns[0] (code).workdir_mb: 0; use an integer >= 1" in text
 
 
-def test_hidden_dirs_cover_home_and_temp_and_keep_the_interpreter():
-    hidden = hidden_dirs("/tmp/roll_ds_sandbox_x", as_root=os.geteuid() == 0)
-    paths = [h["path"] for h in hidden]
-    assert os.path.realpath(os.path.expanduser("~")) in paths or os.path.expanduser("~") == "/"
-    assert "/tmp" in paths
-    tmp = next(h for h in hidden if h["path"] == "/tmp")
-    assert tmp["make"] == ["/tmp/roll_ds_sandbox_x"]
-    prefix = os.path.realpath(sys.base_prefix)
-    for h in hidden:
-        if prefix.startswith(h["path"] + "/"):
-            assert h["keep"] == [prefix]
+def test_the_sandbox_root_holds_the_interpreter_and_nothing_of_the_project():
+    files = interpreter_files()
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    binds = files["binds"]
+
+    def bound(path: str) -> bool:
+        return any(path == b or path.startswith(b + "/") for b in binds)
+
+    assert bound(files["exe"]) and bound(stdlib) and files["exe"].startswith(files["anchor"])
+    repo = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    assert not [b for b in binds if bound(repo) or b.startswith(repo)]  # nor its venv
+    site = os.path.join(stdlib, "site-packages")
+    assert files["empty"] == ([site] if os.path.isdir(site) else [])
 
 
 def test_reference_programs_of_the_code_tasks_score_one():

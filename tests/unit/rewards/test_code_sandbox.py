@@ -24,6 +24,8 @@ from roll_ds.rewards.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SQUARE_TESTS = json.dumps({"tests": [{"input": "3\n", "output": "9\n"}]})
 SQUARE = "```python\nn = int(input())\nprint(n * n)\n```"
+
+
 LIMITS = dict(timeout_s=2.0, memory_mb=128, max_processes=8, max_output_bytes=1 << 16)
 
 
@@ -231,22 +233,80 @@ def test_printing_100_mb(reward):
     assert elapsed < 5
 
 
-def test_best_effort_falls_back_when_namespaces_are_refused(monkeypatch, caplog, tmp_path):
-    """Where the kernel refuses (simulated: the launcher's namespace setup fails on a mount),
-    ``required`` fails at start-up naming the opt-out field, and keeps refusing; ``best_effort``
-    warns and runs without namespaces."""
-    from roll_ds.rewards import sandbox as sandbox_mod
-
-    missing = str(tmp_path / "missing")
-    monkeypatch.setattr(
-        sandbox_mod, "hidden_dirs", lambda *_: [{"path": missing, "keep": [], "make": []}]
+def test_reading_the_hosts_files(reward):
+    """The program sees a minimal root: its tests' data, the repository, /etc, home, Ray's
+    directory and site-packages are not there; the standard library still works."""
+    targets = [
+        os.path.join(REPO, "examples", "qwen_rlvr", "data", "code_train.jsonl"),
+        os.path.join(REPO, "pyproject.toml"),
+        os.path.join(REPO, "output"),
+        os.path.join(REPO, ".venv"),
+        "/etc/passwd",
+        "/etc/hostname",
+        os.path.expanduser("~/.cache"),
+        "/tmp/ray",
+        "/sys/class/net",
+        os.path.join(os.path.dirname(os.__file__), "site-packages"),
+    ]
+    program = (
+        "import collections, json, math, re, os\n"
+        f"found = []\nfor path in {targets!r}:\n"
+        "    try:\n"
+        "        found.append(os.listdir(path) and path if os.path.isdir(path) else\n"
+        "                     open(path, 'rb').read(1) and path)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(json.dumps([f for f in found if f]) if any(found) else 'nothing')\n"
     )
+    score, info, _ = attack(reward, program, json.dumps([{"output": "secret"}]))
+    assert (score, info["error_category"]) == (0.0, "wrong_answer")
+    assert reward.last_results[0].stdout.strip() == "nothing"
+    stdlib = "import collections, json, math, re\nprint(json.dumps([math.isqrt(int(input()))]))"
+    assert reward.sandbox.run(stdlib, "49\n").stdout.strip() == "[7]"
+
+
+SHMGET = (
+    "import ctypes\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "ids = [libc.shmget(0, 64 << 20, 0o1600) for _ in range(4)]\n"  # IPC_PRIVATE, IPC_CREAT
+    "print(ids)\n"
+)
+
+
+def _host_shm_ids() -> set[int]:
+    with open("/proc/sysvipc/shm") as f:
+        return {int(line.split()[1]) for line in f.readlines()[1:] if line.strip()}
+
+
+def test_sysv_shared_memory_dies_with_the_run(reward):
+    import ctypes
+
+    before = _host_shm_ids()
+    try:
+        result = reward.sandbox.run(SHMGET)
+        assert result.category == "ok", result.stderr
+        assert all(i >= 0 for i in json.loads(result.stdout)), result.stdout  # it did create
+        left = _host_shm_ids() - before
+        assert left == set(), f"{len(left)} segments outlived the program"
+    finally:  # what an unfixed sandbox left behind
+        for shmid in _host_shm_ids() - before:
+            ctypes.CDLL(None).shmctl(shmid, 0, None)  # IPC_RMID
+
+
+def test_best_effort_falls_back_when_namespaces_are_refused(
+    monkeypatch, caplog, tmp_path, nobody_python, shared_tmp
+):
+    """Where the kernel refuses (simulated), ``required`` fails at start-up naming the opt-out
+    field, and keeps refusing; ``best_effort`` warns and runs without namespaces."""
+    monkeypatch.setattr(Sandbox, "_namespaces_work", lambda self: (False, "refused"))
     strict = Sandbox(SandboxLimits(timeout_s=2), "required", tmp_dir=str(tmp_path))
     with pytest.raises(SandboxUnavailable, match="network_isolation: best_effort"):
         strict.probe()
     with pytest.raises(SandboxUnavailable):
         strict.run("print('never runs')")
-    fallback = Sandbox(SandboxLimits(timeout_s=2), "best_effort", tmp_dir=str(tmp_path))
+    fallback = Sandbox(
+        SandboxLimits(timeout_s=2), "best_effort", tmp_dir=shared_tmp, python=nobody_python
+    )
     assert fallback.probe() == []
     assert "rlimits and timeouts only" in caplog.text
     assert fallback.run("print(input()[::-1])", "abc\n").stdout == "cba\n"
