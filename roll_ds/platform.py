@@ -47,8 +47,24 @@ class Platform:
         """Environment an actor needs before importing vllm."""
         if self.is_cuda:
             return {}
+        if vllm_multiproc():  # the engine core in its own process, as on GPU
+            return {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
         # In-process engine core: no spawned subprocess per engine inside a Ray actor.
         return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+# "1": run vLLM's engine core in its own process on CPU too (as it always is on GPU), so every
+# collective_rpc argument crosses vLLM's serializer; set it in actor_infer.system_envs (or the
+# environment of the process that starts the engine).
+VLLM_MULTIPROC_ENV = "ROLL_DS_VLLM_MULTIPROC"
+
+
+def vllm_multiproc() -> bool:
+    """Whether ``ROLL_DS_VLLM_MULTIPROC`` asks for vLLM's multiprocess engine on CPU."""
+    value = os.environ.get(VLLM_MULTIPROC_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{VLLM_MULTIPROC_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 CUDA = Platform("cuda", "nccl", "vllm", "GPU", "CUDA_VISIBLE_DEVICES")

