@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from roll_ds.rewards import sandbox_cgroup
 from roll_ds.rewards.sandbox import REFUSAL_HINT, Sandbox, SandboxLimits
@@ -88,14 +89,32 @@ def nobody_may_unshare() -> bool:
     return subprocess.run(probe, capture_output=True).returncode == 0
 
 
+#: Docker's default capability set (no CAP_SYS_ADMIN) and its masks over /proc
+DOCKER_CAPS = (
+    "-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,"
+    "+net_bind_service,+net_raw,+sys_chroot,+mknod,+audit_write,+setfcap"
+)
+DOCKER_PROC_MASKS = (
+    "for f in /proc/kcore /proc/keys /proc/timer_list; do "
+    "[ ! -e $f ] || mount --bind /dev/null $f || exit 1; done; "
+    "for d in /proc/acpi /proc/scsi; do [ ! -d $d ] || mount -t tmpfs -o ro tmpfs $d || exit 1; "
+    "done; mount -o bind,ro /proc/sys /proc/sys"
+)
+
+
 @as_root
-@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux)")
-def test_root_without_cap_sys_admin_starts_through_a_user_namespace():
-    """The shipped image runs the worker as root without CAP_SYS_ADMIN: mount namespaces come
-    from a user namespace, and the program runs as nobody."""
-    got = start_reward(["setpriv", "--bounding-set=-sys_admin"])
+@pytest.mark.skipif(
+    not (shutil.which("setpriv") and shutil.which("unshare")), reason="needs util-linux"
+)
+def test_starts_as_root_without_cap_sys_admin_under_the_documented_container_options():
+    """The shipped image runs the worker as root with Docker's default capabilities (no
+    CAP_SYS_ADMIN) and a masked /proc; with seccomp and AppArmor unconfined (cluster/README.md)
+    the namespaces come from a user namespace and the program runs as nobody."""
+    docker = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+    docker += [f'{DOCKER_PROC_MASKS} && exec setpriv --bounding-set={DOCKER_CAPS} "$@"', "sh"]
+    got = start_reward(docker)
     if not nobody_may_unshare():
-        assert "cluster/README.md" in got.get("refused", ""), got
+        assert REFUSAL_HINT in got.get("refused", ""), got
         pytest.skip(f"this kernel refuses unprivileged user namespaces: {got['refused']}")
     assert got.get("score") == 1.0, got
     assert got["who"] == "65534 65534 []"
@@ -117,6 +136,25 @@ def test_docker_default_seccomp_gives_the_documented_refusal(nobody_python):
     assert fallback["score"] == 1.0 and fallback["isolation"] == []
     if os.geteuid() == 0:
         assert fallback["who"] == "65534 65534 []"
+
+
+def test_cluster_files_state_the_container_options_of_the_refusal():
+    """The options the refusal names are the ones both cluster configurations set."""
+    cluster = os.path.join(REPO, "cluster")
+    with open(os.path.join(cluster, "ray_up.yaml")) as f:
+        run_options = yaml.safe_load(f)["docker"]["run_options"]
+    for option in ("seccomp=unconfined", "apparmor=unconfined"):
+        assert f"--security-opt {option}" in run_options and option in REFUSAL_HINT
+    with open(os.path.join(cluster, "kuberay_raycluster.yaml")) as f:
+        spec = yaml.safe_load(f)["spec"]
+    for group in (spec["headGroupSpec"], *spec["workerGroupSpecs"]):
+        for container in group["template"]["spec"]["containers"]:
+            context = container["securityContext"]
+            assert context["seccompProfile"] == context["appArmorProfile"] == {"type": "Unconfined"}
+            assert "privileged" not in context and "capabilities" not in context
+    with open(os.path.join(cluster, "README.md")) as f:
+        readme = f.read()
+    assert "## The code sandbox" in readme and "no CAP_SYS_ADMIN" in readme
 
 
 @as_root
