@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from roll_ds.agentic.registry import ENVS, TOOL_PARSERS, TOOLS
+from roll_ds.agentic.registry import TOOL_PARSERS, TOOLS, env_type_problem
 from roll_ds.config.agentic import REWARD_MODES, EnvManagerConfig, is_agentic
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
@@ -45,8 +45,9 @@ def agentic_problems(cfg: Any) -> list[str]:
 
 def _env_problems(where: str, spec: Any, cfg: Any) -> list[str]:
     problems = []
-    if spec.env_type not in ENVS:
-        problems.append(f"{where}.env_type: {ENVS.unknown_message(spec.env_type)}")
+    problem = env_type_problem(spec.env_type)
+    if problem:
+        problems.append(f"{where}.env_type: {problem}")
     if spec.max_actions_per_traj < 1:
         problems.append(
             f"{where}.max_actions_per_traj: {spec.max_actions_per_traj}; an episode needs at "

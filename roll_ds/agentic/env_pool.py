@@ -78,10 +78,10 @@ class EnvHost:
         self.envs: dict[int, Env] = {}
 
     def _build(self, tag: str) -> Env:
-        from roll_ds.agentic.registry import ENVS
+        from roll_ds.agentic.registry import env_class
 
         spec = self.specs[tag]
-        return ENVS.get(spec.env_type)(**dict(spec.env_config))
+        return env_class(spec.env_type)(**dict(spec.env_config))
 
     def reset(self, items: Sequence[tuple[int, str, int]]) -> list[EnvReply]:
         """``(episode_id, tag, seed)`` each: a new environment, reset to ``seed``."""

@@ -7,9 +7,15 @@ Register your own with one line here, or with the decorators in your module::
 
     @ENVS.register("my_env")
     class MyEnv(Env): ...
+
+or name it by import path in the config (``env_type: my_package.envs:MyEnv``): environment
+workers run in their own processes, where only importable names resolve.
 """
 
 from __future__ import annotations
+
+import importlib
+import importlib.util
 
 from roll_ds.registry import Registry
 
@@ -23,3 +29,29 @@ TOOL_PARSERS.register_lazy("hermes", "roll_ds.agentic.parsers:parse_hermes")
 TOOLS: Registry = Registry("tool")
 TOOLS.register_lazy("calculator", "roll_ds.agentic.envs.calculator:CALCULATOR_TOOL")
 TOOLS.register_lazy("python", "roll_ds.agentic.tools:PYTHON_TOOL")
+
+
+def env_class(env_type: str) -> type:
+    """The environment class a config's ``env_type`` names: a registered name or an import
+    path ``module:Class``."""
+    if ":" in env_type and env_type not in ENVS:
+        module, _, attr = env_type.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return ENVS.get(env_type)
+
+
+def env_type_problem(env_type: str) -> str | None:
+    """Why ``env_type`` names no environment, or None (an import path is checked by finding
+    its module, without importing it)."""
+    if env_type in ENVS:
+        return None
+    if ":" in env_type:
+        module, _, attr = env_type.partition(":")
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if found and attr:
+            return None
+        return f"cannot find module {module!r} of {env_type!r} (is it on PYTHONPATH?)"
+    return ENVS.unknown_message(env_type) + "; or an import path module:Class"

@@ -31,21 +31,25 @@ VOLATILE_PREFIXES = ("time/", "throughput/")
 VOLATILE_KEYS = ("seconds", "gbps")
 
 
-def command(out_dir: Path, *extra: str) -> list[str]:
+def command(out_dir: Path, *extra: str, config: str = "rlvr_lora_zero3") -> list[str]:
+    """run.py on ``config``; the RLVR default gets the small settings above."""
+    small = SMALL if config == "rlvr_lora_zero3" else []
     return [
         sys.executable,
         "run.py",
         "--config-name",
-        "rlvr_lora_zero3",
+        config,
         f"output_dir={out_dir}",
-        *SMALL,
+        *small,
         *extra,
     ]
 
 
-def run(out_dir: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run(
+    out_dir: Path, *extra: str, timeout: float = 600, config: str = "rlvr_lora_zero3"
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        command(out_dir, *extra),
+        command(out_dir, *extra, config=config),
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
@@ -54,8 +58,8 @@ def run(out_dir: Path, *extra: str, timeout: float = 600) -> subprocess.Complete
     )
 
 
-def metrics(out_dir: Path) -> list[dict]:
-    path = out_dir / "rlvr_lora_zero3" / "metrics.jsonl"
+def metrics(out_dir: Path, exp_name: str = "rlvr_lora_zero3") -> list[dict]:
+    path = out_dir / exp_name / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -67,17 +71,19 @@ def stable(row: dict) -> dict:
     }
 
 
-def sigkill_after_first_checkpoint(out_dir: Path, *extra: str, timeout: float = 600) -> str:
+def sigkill_after_first_checkpoint(
+    out_dir: Path, *extra: str, timeout: float = 600, config: str = "rlvr_lora_zero3"
+) -> str:
     """Start a run, SIGKILL it (and everything it started) once its first checkpoint is
-    complete; returns the checkpoint's name."""
+    complete; returns the checkpoint's name (the experiment is named like ``config``)."""
     proc = subprocess.Popen(
-        command(out_dir, *extra),
+        command(out_dir, *extra, config=config),
         cwd=PROJECT_ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    latest = out_dir / "rlvr_lora_zero3" / "checkpoints" / "latest"
+    latest = out_dir / config / "checkpoints" / "latest"
     deadline = time.monotonic() + timeout
     try:
         while not latest.exists():
@@ -90,13 +96,15 @@ def sigkill_after_first_checkpoint(out_dir: Path, *extra: str, timeout: float = 
     return latest.read_text()
 
 
-def assert_same_metrics(got_dir: Path, want_dir: Path, steps: tuple[int, ...]) -> None:
+def assert_same_metrics(
+    got_dir: Path, want_dir: Path, steps: tuple[int, ...], exp_name: str = "rlvr_lora_zero3"
+) -> None:
     """Both runs logged the same steps, and at ``steps`` the same stable metrics (a resumed run
     against an uninterrupted one)."""
     import pytest
 
-    got = {r["step"]: stable(r) for r in metrics(got_dir)}
-    want = {r["step"]: stable(r) for r in metrics(want_dir)}
+    got = {r["step"]: stable(r) for r in metrics(got_dir, exp_name)}
+    want = {r["step"]: stable(r) for r in metrics(want_dir, exp_name)}
     assert sorted(got) == sorted(want)
     for step in steps:
         assert got[step].keys() == want[step].keys()

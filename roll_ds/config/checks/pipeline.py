@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from roll_ds.config.agentic import is_agentic
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
 from roll_ds.config.roles import TRAIN_ROLES
-from roll_ds.config.schema import EMBEDDED_MODEL, EMBEDDED_RM, RLVRConfig
+from roll_ds.config.schema import EMBEDDED_AGENT, EMBEDDED_MODEL, EMBEDDED_RM, RLVRConfig
 
 if TYPE_CHECKING:
     from roll_ds.distributed.role_placement import RolePlacement
@@ -22,7 +22,7 @@ def pipeline_problems(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> 
     group = cfg.num_return_sequences_in_group
     infer_n = cfg.actor_infer.generating_args.num_return_sequences
     problems = []
-    if infer_n != group:
+    if infer_n != group and not is_agentic(cfg):  # agentic turns are one sample each
         problems.append(
             f"actor_infer.generating_args.num_return_sequences: {infer_n} != "
             f"num_return_sequences_in_group {group}; set it to ${{num_return_sequences_in_group}}"
@@ -37,7 +37,7 @@ def pipeline_problems(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> 
             "`reference:` or use LoRA (the adapter-disabled actor is the reference)"
         )
     problems += weight_sync_problems(cfg)
-    if not cfg.rewards:
+    if not cfg.rewards and not is_agentic(cfg):  # environments reward episodes
         problems.append("rewards: no reward role; add e.g. rewards.math with reward_fns")
     problems += domain_problems(cfg)
     return problems
@@ -129,7 +129,7 @@ def async_problems(cfg: RLVRConfig) -> list[str]:
     return problems
 
 
-EMBEDDED_NAMES = (EMBEDDED_MODEL, EMBEDDED_RM)
+EMBEDDED_NAMES = (EMBEDDED_MODEL, EMBEDDED_RM, EMBEDDED_AGENT)
 """The ``embedded:`` model names ``roll_ds.models.embedded.resolve_pretrain`` knows."""
 
 
