@@ -51,7 +51,7 @@ def test_an_unknown_embedded_name():
     )
     assert found == [
         "rewards.math.model_args.model_name_or_path: 'embedded:tiny-judge' is not an embedded "
-        "model; valid: embedded:tiny-qwen2, embedded:tiny-rm"
+        "model; valid: embedded:tiny-qwen2, embedded:tiny-rm, embedded:tiny-agent"
     ]
 
 
