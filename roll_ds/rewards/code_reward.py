@@ -30,6 +30,8 @@ failed: ``bad_tests`` or ``sandbox_error``; a program's own failures are categor
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -45,6 +47,8 @@ from roll_ds.rewards.sandbox import (
     SandboxResult,
     last_exception,
 )
+
+logger = logging.getLogger(__name__)
 
 SCORING = ("fraction", "all_or_nothing")
 COMPARE = ("lines", "exact")
@@ -200,8 +204,23 @@ class CodeReward(RewardFn):
 
     def warmup(self) -> None:
         """Probe the kernel once: raises SandboxUnavailable under ``network_isolation:
-        required`` where the namespaces cannot be created."""
+        required`` where the namespaces cannot be created. Says how much memory this worker's
+        concurrent runs may take at most (rlimits only: per process)."""
         self.sandbox.probe()
+        lim = self.sandbox.limits
+        per_run = lim.memory_mb * (1 if self.sandbox.cgroup_parent else lim.max_processes)
+        worst = self.num_workers * per_run
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+        (logger.warning if worst > host // 2 else logger.info)(
+            "code reward: its runs may take up to %d MB together (num_workers %d x %s); "
+            "this host has %d MB",
+            worst,
+            self.num_workers,
+            f"memory_mb {lim.memory_mb}, the run's cgroup"
+            if self.sandbox.cgroup_parent
+            else f"max_processes {lim.max_processes} x memory_mb {lim.memory_mb}, rlimits only",
+            host,
+        )
 
     def close(self) -> None:
         if self._pool is not None:

@@ -230,6 +230,9 @@ class Sandbox:
                 return self.isolation
             self._probe_cgroup()
             works, detail = self._namespaces_work()
+            if not works and detail.startswith("cgroup:"):  # made, but cannot be joined
+                self._no_cgroup(f"cannot join a run's cgroup ({detail})")
+                works, detail = self._namespaces_work()
             if works:
                 self._namespaces = True
                 return self.isolation
@@ -275,14 +278,18 @@ class Sandbox:
             parent, reason = None, f"cannot make a cgroup ({e})"
         self.cgroup_parent, self.cgroup_reason = parent, reason
         if parent is None:
-            lim = self.limits
-            logger.warning(
-                "code sandbox: no per-run cgroup (%s); limits are per process (rlimits): a "
-                "run's %d processes may each use %d MB, and every reward worker's runs add up",
-                reason,
-                lim.max_processes,
-                lim.memory_mb,
-            )
+            self._no_cgroup(reason)
+
+    def _no_cgroup(self, reason: str) -> None:
+        self.cgroup_parent, self.cgroup_reason = None, reason
+        lim = self.limits
+        logger.warning(
+            "code sandbox: no per-run cgroup (%s); limits are per process (rlimits): a run's "
+            "%d processes may each use %d MB, and every reward worker's runs add up",
+            reason,
+            lim.max_processes,
+            lim.memory_mb,
+        )
 
     # -- one run ---------------------------------------------------------------------------
     def run(self, source: str, stdin: str = "") -> SandboxResult:
@@ -309,7 +316,10 @@ class Sandbox:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
             if cgroup is not None:
-                cgroup.remove()
+                try:
+                    cgroup.remove()
+                except OSError as e:  # its processes are killed; only the directory is left
+                    logger.warning("code sandbox: cannot remove %s (%s)", cgroup.path, e)
 
     def _new_cgroup(self) -> sandbox_cgroup.RunCgroup | None:
         if self.cgroup_parent is None:

@@ -162,6 +162,31 @@ def test_memory_bomb(reward):
     assert (score, info["error_category"]) == (0.0, "memory")
 
 
+def test_processes_together_over_the_memory_limit(reward):
+    """Four processes of 80 MB each: every one is within RLIMIT_AS (memory_mb 128), together
+    they are not; only a per-run cgroup (memory.max) stops them."""
+    program = (
+        "import os, time\n"
+        "pids = []\n"
+        "for _ in range(4):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        block = b'x' * (80 << 20)\n"
+        "        time.sleep(0.5)\n"
+        "        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "if all(os.waitpid(p, 0)[1] == 0 for p in pids):\n"
+        "    print('done')\n"
+        "else:\n"
+        "    raise SystemExit(1)\n"
+    )
+    score, info, _ = attack(reward, program, json.dumps([{"output": "done"}]))
+    if reward.sandbox.cgroup_parent is None:
+        assert info["error_category"] == "passed"  # what the rlimits-only fallback allows
+        pytest.skip(f"no per-run cgroup here: 4 x 80 MB ran ({reward.sandbox.cgroup_reason})")
+    assert (score, info["error_category"]) == (0.0, "memory")
+
+
 def test_writing_outside_the_work_dir(reward, tmp_path):
     name = f"pwned-{uuid.uuid4().hex}"
     targets = [

@@ -214,6 +214,19 @@ def test_cgroup_fallback_names_its_reason(tmp_path):
     assert parent is None and "no cgroup v2" in reason
 
 
+def test_a_cgroup_that_cannot_be_joined_falls_back_instead_of_refusing(monkeypatch, tmp_path):
+    """A cgroup parent where runs' cgroups can be made but not joined (here: a plain directory,
+    no cgroup.procs) costs the cgroup, not the sandbox."""
+    root = fake_cgroup_tree(tmp_path)[0]
+    monkeypatch.setattr(sandbox_cgroup, "find_parent", lambda: (str(root), ""))
+    # a real cgroup's files vanish with rmdir
+    monkeypatch.setattr(sandbox_cgroup.RunCgroup, "remove", lambda run: shutil.rmtree(run.path))
+    box = Sandbox(SandboxLimits(timeout_s=5), "required", tmp_dir=str(tmp_path))
+    assert "pid" in box.probe()
+    assert box.cgroup_parent is None and "cannot join" in box.cgroup_reason
+    assert box.run("print(6 * 7)").stdout == "42\n"
+
+
 def test_this_hosts_cgroup_is_used_or_the_fallback_is_stated(tmp_path, caplog):
     box = Sandbox(SandboxLimits(timeout_s=5), "required", tmp_dir=str(tmp_path))
     box.probe()
