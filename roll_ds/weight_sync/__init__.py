@@ -13,7 +13,8 @@ see ``select.py``):
                   buckets stream: rank 0 holds one bucket at a time
     cuda_ipc      colocated GPU workers: each vLLM worker reads the buckets of the train rank on
                   its own GPU (paired by GPU UUID; one group per GPU) through CUDA IPC handles of
-                  one reusable buffer, a gloo group for control (GPU only)
+                  one buffer per sync, released after it; a gloo group for control (GPU
+                  only)
 
 Each transport is three classes registered under its name: the driver's ``Transport``
 (``TRANSPORTS``), actor_train rank 0's ``Sender`` (``SENDERS``) and each rollout worker's

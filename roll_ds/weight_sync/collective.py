@@ -176,6 +176,9 @@ class DataPlane(Protocol):
     def pull(self, header: dict, group: TransferGroup, index: int) -> torch.Tensor:
         """A receiver: this process's copy of the buffer the header announced."""
 
+    def finish(self, group: TransferGroup) -> None:
+        """Every member, after the end-of-sync marker: release what the sync held."""
+
     def close(self) -> None:
         """Drop buffers and mappings."""
 
@@ -197,6 +200,9 @@ class BroadcastPlane:
         group.broadcast(buffer, f"bucket {index} ({header['nbytes']} bytes)")
         return buffer
 
+    def finish(self, group: TransferGroup) -> None:
+        pass  # a fresh buffer per bucket: nothing outlives it
+
     def close(self) -> None:
         pass
 
@@ -216,6 +222,7 @@ def send_stream(
         counter.add(bucket, time.perf_counter() - start)
         del buffer
     group.broadcast_object(None, "end-of-sync marker")
+    plane.finish(group)
     return counter.stats()
 
 
@@ -248,6 +255,7 @@ class ReceiveStream:
             header = self.group.broadcast_object(None, f"header of bucket {self.buckets}")
             if header is None:
                 self.finished = True
+                self.plane.finish(self.group)
                 return
             buffer = self.plane.pull(header, self.group, self.buckets)
         except BaseException:

@@ -9,11 +9,12 @@ actor_train and actor_infer both on GPUs 0-15 and tensor parallel 2, train rank 
 the one vLLM worker on GPU ``g`` (engine ``g // 2``, TP rank ``g % 2``), and no byte leaves a GPU.
 
 Same header protocol as ``collective`` (a gloo group carries the headers), but the bucket bytes
-never travel: the sender packs each bucket into one reusable GPU buffer exported once with
+never travel: the sender packs each bucket into one GPU buffer per sync, exported once with
 ``torch.multiprocessing.reductions.reduce_tensor``; the header carries the handle and the
 buffer's GPU UUID; each receiver maps the buffer (once per export), copies the bucket into its
 own memory on that GPU, waits for the copy and joins a barrier, after which the sender reuses
-the buffer for the next bucket. GPU only.
+the buffer for the next bucket. After the sync's last bucket the buffer is released on both
+sides (``IpcPlane.finish``), so it holds no GPU memory between syncs. GPU only.
 
 The worker-side ends are ``collective``'s with this module's data plane (``IpcPlane``).
 """
@@ -106,55 +107,97 @@ def device_index_of(uuid: str) -> int:
 
 
 class IpcPlane:
-    """The ``cuda_ipc`` data plane (``collective.DataPlane``): one exported GPU buffer."""
+    """The ``cuda_ipc`` data plane (``collective.DataPlane``): one exported GPU buffer per sync.
+
+    The buffer grows to the sync's largest bucket (a 7B model's embedding alone is ~1 GB) and is
+    released when the sync ends (``finish``): receivers drop their mappings, a barrier, then the
+    sender drops the buffer and collects its IPC bookkeeping, so the trainer's offload and
+    ``empty_cache`` can return the memory before vLLM wakes its KV cache. The next sync exports
+    a fresh one. The GPU calls are the ``_allocate`` / ``_synchronize`` / ``_map`` / ``_copy`` /
+    ``_collect`` hooks (a unit test runs the buffer logic on CPU through them)."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None  # sender: the exported buffer
         self.handle: tuple | None = None
         self.uuid: str | None = None
         self._mapped: tuple[tuple, torch.Tensor] | None = None  # receiver: (handle, mapping)
+        self.peak_bytes = 0  # the largest buffer this plane exported (a sync's largest bucket)
 
     # the sender --------------------------------------------------------------------------------
 
     def pack(self, bucket: Bucket, group: TransferGroup) -> tuple[Any, list, dict]:
-        import torch
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        device = torch.device("cuda", torch.cuda.current_device())
         need = layout(bucket)[2]
         if self.buffer is None or self.buffer.numel() < need:
-            self.buffer = torch.empty(need, dtype=torch.uint8, device=device)
-            _, args = reduce_tensor(self.buffer)
-            self.handle = tuple(args)
-            self.uuid = gpu_uuid(device.index)
+            self.buffer = None  # the smaller one goes before the larger one is allocated
+            self.buffer, self.handle, self.uuid = self._allocate(need)
+            self.peak_bytes = max(self.peak_bytes, need)
         packed, metas = pack_bucket(bucket, out=self.buffer)
-        # receivers read it from other processes: the packing must have landed
-        torch.cuda.current_stream(self.buffer.device).synchronize()
+        self._synchronize(self.buffer)  # receivers read it from other processes
         return packed, metas, {"ipc": self.handle, "gpu_uuid": self.uuid}
 
     def push(self, buffer: torch.Tensor, group: TransferGroup, index: int) -> None:
         group.barrier(f"cuda_ipc copy of bucket {index}")  # receivers are done with the buffer
 
+    def _allocate(self, nbytes: int) -> tuple[torch.Tensor, tuple, str]:
+        import torch
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        _, args = reduce_tensor(buffer)
+        return buffer, tuple(args), gpu_uuid(device.index)
+
+    def _synchronize(self, buffer: torch.Tensor) -> None:
+        import torch
+
+        torch.cuda.current_stream(buffer.device).synchronize()
+
     # receivers --------------------------------------------------------------------------------
 
     def pull(self, header: dict, group: TransferGroup, index: int) -> torch.Tensor:
-        import torch
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
         handle = header["ipc"]
         if self._mapped is None or self._mapped[0] != handle:
-            args = list(handle)
-            args[6] = device_index_of(header["gpu_uuid"])  # the device index as seen here
-            self._mapped = (handle, rebuild_cuda_tensor(*args))
-        mapped = self._mapped[1]
+            self._mapped = None
+            self._mapped = (handle, self._map(handle, header["gpu_uuid"]))
+        own = self._copy(self._mapped[1], header["nbytes"])
+        group.barrier(f"cuda_ipc copy of bucket {index}")
+        return own
+
+    def _map(self, handle: tuple, uuid: str) -> torch.Tensor:
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        args = list(handle)
+        args[6] = device_index_of(uuid)  # the device index as seen here
+        return rebuild_cuda_tensor(*args)
+
+    def _copy(self, mapped: torch.Tensor, nbytes: int) -> torch.Tensor:
+        import torch
+
         # The copy runs on the mapped buffer's device (the sender's GPU, which is this worker's
         # own when colocated) and must finish before the barrier lets the sender overwrite the
         # buffer: wait on *that* device's stream, not on this process's current device's.
         with torch.cuda.device(mapped.device):
-            own = mapped[: header["nbytes"]].clone()
+            own = mapped[:nbytes].clone()
             torch.cuda.current_stream(mapped.device).synchronize()
-        group.barrier(f"cuda_ipc copy of bucket {index}")
         return own
+
+    # both ---------------------------------------------------------------------------------------
+
+    def finish(self, group: TransferGroup) -> None:
+        """The sync ended (every member saw the end marker): release the buffer on both sides.
+        Receivers drop their mapping before the barrier, the sender its buffer after it, so no
+        mapping outlives the memory it maps."""
+        sender = self.buffer is not None
+        self._mapped = None
+        group.barrier("cuda_ipc release of the sync's buffer")
+        if sender:
+            self.buffer = self.handle = self.uuid = None
+            self._collect()
+
+    def _collect(self) -> None:
+        import torch
+
+        torch.cuda.ipc_collect()  # free blocks whose IPC references the receivers dropped
 
     def close(self) -> None:
         self.buffer = self.handle = self._mapped = None
