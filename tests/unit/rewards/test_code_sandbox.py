@@ -181,9 +181,9 @@ def test_processes_together_over_the_memory_limit(reward):
         "    raise SystemExit(1)\n"
     )
     score, info, _ = attack(reward, program, json.dumps([{"output": "done"}]))
-    if reward.sandbox.cgroup_parent is None:
-        assert info["error_category"] == "passed"  # what the rlimits-only fallback allows
-        pytest.skip(f"no per-run cgroup here: 4 x 80 MB ran ({reward.sandbox.cgroup_reason})")
+    if reward.sandbox.cgroup_parent is None:  # rlimits only: it runs ("passed" when unloaded)
+        got = info["error_category"]
+        pytest.skip(f"no per-run cgroup ({reward.sandbox.cgroup_reason}): 4 x 80 MB gave {got}")
     assert (score, info["error_category"]) == (0.0, "memory")
 
 
