@@ -107,7 +107,94 @@ def colocation_problems(cfg: RLVRConfig) -> list[str]:
             f"colocation.offload={col.offload} sleeps the engines where they share GPUs with "
             "the trainer; remove enable_sleep_mode or set colocation.offload=never"
         )
+    if getattr(cfg, "device", "auto") == "cuda":  # auto: plan_colocation checks on the cluster
+        problems += colocated_utilization_problems(cfg, *_sharing(cfg))
     return problems
+
+
+def _sharing(cfg: RLVRConfig) -> tuple[tuple[str, ...], bool]:
+    """On GPUs: the roles that share ``actor_infer``'s devices and whether the choreography
+    offloads them while vLLM generates."""
+    plan = plan_colocation(cfg, "GPU", check_memory=False)
+    return plan.late_start, plan.active
+
+
+# vLLM's default gpu_memory_utilization: the share of the *whole* GPU it may take, sized as if
+# the GPU were empty. What a colocated trainer keeps resident must come out of it.
+VLLM_DEFAULT_UTILIZATION = 0.9
+# A starting point per item that stays on a shared GPU while vLLM generates (a CUDA context
+# with NCCL and allocator caches is 0.5-2 GB; states of a small model more): the refusal's
+# suggestion, not a measurement.
+RESIDENT_SHARE = 0.1
+UTILIZATION_FLOOR = 0.3
+
+
+def resident_beside_engines(cfg: RLVRConfig, late: Sequence[str], offloads: bool) -> list[str]:
+    """What stays on the GPUs ``actor_infer`` shares with the roles ``late`` while vLLM
+    generates (``offloads``: the choreography offloads the trainers meanwhile)."""
+    resident = [f"the CUDA context and allocator cache of {', '.join(late)}"]
+    if not offloads:
+        return [*resident, f"every state of {', '.join(late)} (nothing is offloaded)"]
+    if "actor_train" in late:
+        ds = cfg.actor_train.strategy_args.strategy_config or {}
+        stage, offloaded = _zero_stage(ds), _offloaded(ds)
+        if stage == 0:
+            resident.append(
+                "actor_train's weights, gradients and Adam states (ZeRO-0 cannot offload)"
+            )
+        elif stage == 3 and not offloaded and not _fused_adam(ds):
+            resident.append(
+                "actor_train's fp32 master weights and Adam states (ZeRO-3 offloads them only "
+                "for DeepSpeed's FusedAdam: an optimizer section of type Adam/AdamW)"
+            )
+    if "reference" in late:
+        resident.append("the reference model while it is reloaded for log-probs")
+    return resident
+
+
+def colocated_utilization_problems(
+    cfg: RLVRConfig, late: Sequence[str], offloads: bool
+) -> list[str]:
+    """A refusal when ``actor_infer`` shares GPUs with ``late`` and leaves vLLM's
+    ``gpu_memory_utilization`` at its empty-GPU default: it names what stays resident and a
+    value to start from."""
+    infer = cfg.actor_infer.strategy_args
+    if not late or _get(infer.strategy_config, "gpu_memory_utilization") is not None:
+        return []
+    resident = resident_beside_engines(cfg, late, offloads)
+    suggested = max(UTILIZATION_FLOOR, VLLM_DEFAULT_UTILIZATION - RESIDENT_SHARE * len(resident))
+    return [
+        f"actor_infer.strategy_args.strategy_config.gpu_memory_utilization is unset while "
+        f"actor_infer shares GPUs with {', '.join(late)}: vLLM's default "
+        f"{VLLM_DEFAULT_UTILIZATION} is sized on an empty GPU, but beside it stay "
+        f"{'; '.join(resident)}. Set +actor_infer.strategy_args.strategy_config."
+        f"gpu_memory_utilization={suggested:.2f} (a starting point: lower it if vLLM reports too "
+        "little free memory at start, raise it for a larger KV cache)"
+    ]
+
+
+def _zero_stage(ds: Any) -> int:
+    try:
+        return int((_get(ds, "zero_optimization") or {}).get("stage", 0))
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
+def _offloaded(ds: Any) -> bool:
+    zero = _get(ds, "zero_optimization") or {}
+    return any(
+        (_get(zero, key) or {}).get("device", "none") not in (None, "none")
+        for key in ("offload_optimizer", "offload_param")
+    )
+
+
+def _fused_adam(ds: Any) -> bool:
+    """DeepSpeed builds FusedAdam on GPUs for an optimizer section of type Adam/AdamW (unless
+    ``torch_adam``); without a section roll_ds passes torch's AdamW."""
+    opt = _get(ds, "optimizer") or {}
+    params = _get(opt, "params") or {}
+    kind = str(_get(opt, "type") or "").lower()
+    return kind in ("adam", "adamw") and not _get(params, "torch_adam")
 
 
 def _get(mapping: Any, key: str) -> Any:
@@ -143,8 +230,21 @@ class ColocationPlan:
         return [stage for stage in (early, late) if stage]
 
 
-def plan_colocation(cfg: RLVRConfig, device_resource: str) -> ColocationPlan:
-    """The plan for ``cfg`` on devices of Ray resource ``device_resource`` ("GPU" or "CPU")."""
+def plan_colocation(
+    cfg: RLVRConfig, device_resource: str, *, check_memory: bool = True
+) -> ColocationPlan:
+    """The plan for ``cfg`` on devices of Ray resource ``device_resource`` ("GPU" or "CPU").
+    On GPUs shared with the engines, ``check_memory`` refuses an unset
+    ``gpu_memory_utilization`` (``colocated_utilization_problems``)."""
+    plan = _plan(cfg, device_resource)
+    if check_memory and device_resource == "GPU":
+        problems = colocated_utilization_problems(cfg, plan.late_start, plan.active)
+        if problems:
+            raise ValueError(problems[0])
+    return plan
+
+
+def _plan(cfg: RLVRConfig, device_resource: str) -> ColocationPlan:
     col = cfg.colocation
     roles = {name: getattr(cfg, name) for name in MODEL_ROLES if getattr(cfg, name) is not None}
     if "critic" in roles and not needs_critic(cfg.algorithm.adv_estimator):

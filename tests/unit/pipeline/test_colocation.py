@@ -80,12 +80,48 @@ def test_auto_on_separate_gpus_manages_nothing():
 
 def test_only_roles_that_share_the_engines_gpus_are_managed():
     # rlvr_full_zero3: actor_train on 0-1, actor_infer on 0, the hf_infer reference on 1
-    plan = plan_colocation(config(name="rlvr_full_zero3"), "GPU")
+    plan = plan_colocation(config(UTILIZATION, name="rlvr_full_zero3"), "GPU")
     assert plan.trainers == ("actor_train",)
     assert plan.start_stages(["actor_train", "actor_infer", "reference"]) == [
         ["actor_infer", "reference"],
         ["actor_train"],
     ]
+
+
+UTILIZATION = "+actor_infer.strategy_args.strategy_config.gpu_memory_utilization=0.5"
+
+
+def test_shared_gpus_refuse_vllms_empty_gpu_default_naming_what_stays_and_a_value():
+    """vLLM's 0.9 is sized on an empty GPU; beside a colocated ZeRO-3 trainer with torch's
+    AdamW (no optimizer section) the master weights and Adam states stay resident."""
+    with pytest.raises(ValueError, match="gpu_memory_utilization") as info:
+        plan_colocation(config(name="rlvr_full_zero3"), "GPU")
+    message = str(info.value)
+    assert "Adam states" in message and "CUDA context" in message, message
+    assert "gpu_memory_utilization=0.70" in message, message
+    assert plan_colocation(config(UTILIZATION, name="rlvr_full_zero3"), "GPU").active
+    assert not plan_colocation(config(name="rlvr_full_zero3"), "CPU").late_start  # CPU: no check
+
+
+def test_a_cuda_run_is_refused_at_validation_and_a_static_split_lists_every_state():
+    errors = problems(
+        "device=cuda", 'actor_train.device_mapping="[0]"', 'actor_infer.device_mapping="[0]"'
+    )
+    assert any("gpu_memory_utilization is unset" in p for p in errors), errors
+    static = problems(
+        "device=cuda",
+        "colocation.offload=never",
+        'actor_train.device_mapping="[0]"',
+        'actor_infer.device_mapping="[0]"',
+    )
+    assert any("nothing is offloaded" in p for p in static), static
+    cfg = config(  # with the value set the same layout validates
+        "device=cuda",
+        UTILIZATION,
+        'actor_train.device_mapping="[0]"',
+        'actor_infer.device_mapping="[0]"',
+    )
+    assert cfg.actor_infer.strategy_args.strategy_config["gpu_memory_utilization"] == 0.5
 
 
 def test_always_manages_every_model_role_even_on_cpu():
