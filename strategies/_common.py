@@ -172,7 +172,11 @@ def init_distributed() -> tuple[int, int]:
         os.environ.setdefault("LOCAL_RANK", "0")
     if platform.is_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    deepspeed.init_distributed(dist_backend=platform.dist_backend, verbose=False)
+    # DeepSpeed builds its deepspeed_shm_comm op here on CPU: stale build locks are cleared first
+    # and lock waits bounded (strategies/deepspeed/ops.py)
+    from strategies.deepspeed.ops import load_ops
+
+    load_ops(lambda: deepspeed.init_distributed(dist_backend=platform.dist_backend, verbose=False))
     return dist.get_rank(), dist.get_world_size()
 
 

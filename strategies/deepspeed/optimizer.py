@@ -19,6 +19,7 @@ from roll_ds.config.deepspeed import offload_devices
 from roll_ds.config.schema import TrainingArgs
 from roll_ds.platform import current_platform
 from strategies import _common
+from strategies.deepspeed.ops import OpBuildTimeout, load_ops
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,16 @@ def build_engine(
     else:
         optimizer = build_optimizer(params, targs, ds_config)
         model_parameters = None
-    engine, optimizer, _, lr_scheduler = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        model_parameters=model_parameters,
-        lr_scheduler=scheduler,
-        config=ds_config,
-        dist_init_required=False,
+    engine, optimizer, _, lr_scheduler = load_ops(  # an `optimizer` section builds its op here
+        lambda: deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            model_parameters=model_parameters,
+            lr_scheduler=scheduler,
+            config=ds_config,
+            dist_init_required=False,
+        ),
+        retry=False,
     )
     return engine, optimizer, lr_scheduler
 
@@ -76,7 +80,9 @@ def build_optimizer(
         try:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+            return load_ops(lambda: DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs))
+        except OpBuildTimeout:
+            raise  # another process is still building it: every rank must use the same optimizer
         except Exception as exc:  # the JIT build can fail (no compiler)
             logger.warning("DeepSpeedCPUAdam unavailable (%s); using torch AdamW", exc)
             ds_config["zero_force_ds_cpu_optimizer"] = False
@@ -85,7 +91,9 @@ def build_optimizer(
         try:
             from deepspeed.ops.adam import FusedAdam
 
-            return FusedAdam(groups, adam_w_mode=True, **kwargs)
+            return load_ops(lambda: FusedAdam(groups, adam_w_mode=True, **kwargs))
+        except OpBuildTimeout:
+            raise
         except Exception as exc:
             logger.warning("FusedAdam unavailable (%s); using torch AdamW(fused)", exc)
             return torch.optim.AdamW(groups, fused=True, **kwargs)
