@@ -41,6 +41,7 @@ class Worker:
     def __init__(self) -> None:
         apply_thread_budget()
         quiet_warnings()
+        check_visible_devices(self.role, self.rank)
 
     # --- identity (from the env Cluster set) ---------------------------------------------------
 
@@ -125,6 +126,63 @@ def apply_thread_budget() -> None:
     n = os.environ.get("ROLL_DS_NUM_THREADS")
     if n and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(n))
+
+
+def check_visible_devices(role: str, rank: int) -> None:
+    """In a Ray actor that reserved GPUs: raise unless CUDA sees exactly the GPUs it reserved
+    (``CUDA_VISIBLE_DEVICES`` as Ray, or Cluster for a multi-device worker, set it before
+    ``__init__``). vLLM spawns its tensor-parallel workers from here with this environment, so a
+    worker that saw more GPUs would place them on another rank's devices."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    try:
+        reserved = list(ray.get_runtime_context().get_accelerator_ids().get("GPU") or [])
+    except RuntimeError:  # not inside an actor or task
+        return
+    if not reserved:
+        return
+    import torch
+
+    problem = visible_device_problem(
+        role=role,
+        rank=rank,
+        reserved=reserved,
+        visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        device_count=torch.cuda.device_count(),
+    )
+    if problem:
+        raise RuntimeError(problem)
+
+
+def visible_device_problem(
+    *, role: str, rank: int, reserved: list[str], visible: str | None, device_count: int
+) -> str | None:
+    """Why the GPUs CUDA sees (``device_count``, listed by ``visible``: the
+    ``CUDA_VISIBLE_DEVICES`` value) are not exactly those Ray ``reserved`` for this actor (the
+    first bundle's id; a multi-device worker's list has more); None when they are."""
+    who = f"{role} rank {rank}"
+    if visible is None:
+        return (
+            f"{who}: Ray reserved GPU {', '.join(reserved)} but CUDA_VISIBLE_DEVICES is unset, "
+            f"so this actor sees all {device_count} GPUs of its node (is "
+            "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES set? unset it)"
+        )
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    missing = [r for r in reserved if r not in ids]
+    if missing:
+        return (
+            f"{who}: CUDA_VISIBLE_DEVICES={visible} does not list GPU {', '.join(missing)} that "
+            "Ray reserved for it (a system_envs or runtime_env entry overriding "
+            "CUDA_VISIBLE_DEVICES? remove it)"
+        )
+    if device_count != len(ids):
+        return (
+            f"{who}: reserved {len(ids)} GPU(s) (CUDA_VISIBLE_DEVICES={visible}) but CUDA sees "
+            f"{device_count}: CUDA was initialised before the actor's devices were set (do not "
+            "touch torch.cuda when a worker module is imported)"
+        )
+    return None
 
 
 def _torch_threads() -> int | None:
