@@ -1,13 +1,14 @@
 """Guess the number: a multi-turn game where each move's feedback should shape the next.
 
-    reset(seed)   "Guess a number 1-16."       (the secret: random.Random(seed) in [low, high])
+    reset(seed)   "Guess a number 1-32."       (the secret: random.Random(seed) in [low, high])
     step("8")     "higher" / "lower"           the secret is higher / lower than the guess
     step("11")    "correct"                    reward 1.0, done, info {"success": True}
     step("hm")    "Reply with a number."       info {"format_error": True}, not done
 
 The first integer in the policy's turn is its guess. Binary search finds any secret in
-``ceil(log2(high - low + 2))`` guesses (5 for 1-16); stepping one at a time or ignoring the
-feedback does not, so the episode's success measures whether the policy uses what it is told.
+``ceil(log2(high - low + 2))`` guesses (6 for the default 1-32, which the embedded agent model
+is warmed up for); counting up or ignoring the feedback does not, so the episode's success
+measures whether the policy uses what it is told.
 The runner bounds the turns (``max_actions_per_traj``); ``max_guesses`` bounds them here too
 (the episode ends unsolved, reward 0), for use outside the runner. Observations are short: the
 embedded agent model has 256 positions for the whole episode.
@@ -24,7 +25,7 @@ _INTEGER = re.compile(r"-?\d+")
 
 
 class GuessNumberEnv(Env):
-    def __init__(self, *, low: int = 1, high: int = 16, max_guesses: int | None = None) -> None:
+    def __init__(self, *, low: int = 1, high: int = 32, max_guesses: int | None = None) -> None:
         if low > high:
             raise ValueError(f"guess_number: low={low} must be <= high={high}")
         if max_guesses is not None and max_guesses < 1:

@@ -43,7 +43,7 @@ def test_guess_number_feedback_then_success():
 
 def test_guess_number_without_a_number_is_a_format_error():
     env = GuessNumberEnv()
-    env.reset(0)
+    assert env.reset(0) == "Guess a number 1-32."  # the default range
     result = env.step("higher please")
     assert result.observation == "Reply with a number."
     assert (result.reward, result.done, result.info) == (0.0, False, {"format_error": True})
@@ -67,7 +67,7 @@ def test_guess_number_rejects_bad_config():
 
 
 def _secret(seed: int) -> int:
-    env = GuessNumberEnv()
+    env = GuessNumberEnv(low=1, high=16)
     env.reset(seed)
     return env.secret
 
