@@ -2,8 +2,9 @@ r"""``code``: the response is a Python program, scored by running it against tes
 
 The program is the last ```` ```python ```` (or ```` ```py ````) fenced block of the response,
 else its last ```` ``` ```` block, else the whole response. Each test runs in a fresh
-:class:`~roll_ds.rewards.sandbox.Sandbox` (its own namespaces, rlimits, tmpfs work dir, no
-network); see that module for what is and is not isolated.
+:class:`~roll_ds.rewards.sandbox.Sandbox` (its own namespaces and minimal root, an unprivileged
+user, rlimits, a cgroup where the host offers one, no network); see that module for what is and
+is not isolated.
 
 Ground truth (a JSON string, or the already parsed value): a list of tests, or
 ``{"tests": [...]}``; a test is either
