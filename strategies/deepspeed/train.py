@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ from strategies import _common
 from strategies.deepspeed import checkpoint, export, offload
 from strategies.deepspeed.loading import build_train_ds_config, load_train_model, seed_everything
 from strategies.deepspeed.optimizer import build_engine
+from strategies.deepspeed.start_bound import bounded_initialisation, start_timeout_s
 from strategies.deepspeed.step import (
     LossFn,
     StepTally,
@@ -110,6 +112,13 @@ class DeepSpeedTrainStrategy:
         return self.engine.module
 
     def initialize(self) -> None:
+        """Join the process group and build the DeepSpeed engine, bounded by
+        ``ROLL_DS_DEEPSPEED_START_TIMEOUT_S`` (the error names the role and rank)."""
+        role, rank = os.environ.get("ROLL_DS_ROLE", "trainer"), os.environ.get("RANK", "0")
+        with bounded_initialisation(start_timeout_s(), role=role, rank=rank):
+            self._initialize()
+
+    def _initialize(self) -> None:
         self.rank, self.world_size = _common.init_distributed()
         self.device = _common.device()
         seed_everything(self.seed)
