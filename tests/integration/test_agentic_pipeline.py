@@ -35,10 +35,41 @@ SMALL = [
 ]
 
 
+TEMPLATE = (
+    "{%- for m in messages -%}{%- if m['role'] == 'assistant' -%}{{ m['content'] }}<|im_end|>"
+    "{%- elif m['role'] == 'tool' -%}<|im_start|>={{ m['content'] }}<|im_end|>"
+    "{%- else -%}<|im_start|>{{ m['content'] }}<|im_end|>{%- endif -%}{%- endfor -%}"
+)
+
+
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
+def chat_policy(tmp_path_factory) -> str:
+    """The embedded policy with a chat template: untrained for these environments, so its
+    episodes run to their turn limit (long multi-turn sequences), which is what this test needs;
+    learning is the slow tier's."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from roll_ds.models.embedded import SHIPPED_DIR
+
+    path = tmp_path_factory.mktemp("chat_policy") / "model"
+    shutil.copytree(SHIPPED_DIR, path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def small(chat_policy: str) -> list[str]:
+    return [*SMALL, f"pretrain={chat_policy}"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, small) -> Path:
     out = tmp_path_factory.mktemp("agentic")
-    result = run(out, *SMALL, config=CONFIG)
+    result = run(out, *small, config=CONFIG)
     assert result.returncode == 0, result.stderr[-4000:]
     return out
 
@@ -79,8 +110,8 @@ def test_agentic_run_trains_on_multi_turn_episodes(straight: Path):
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_agentic_resume_after_sigkill_matches(straight: Path, tmp_path: Path):
-    assert sigkill_after_first_checkpoint(tmp_path, *SMALL, config=CONFIG) == "step_000002"
-    resumed = run(tmp_path, *SMALL, "resume_from_checkpoint=latest", config=CONFIG)
+def test_agentic_resume_after_sigkill_matches(straight: Path, small, tmp_path: Path):
+    assert sigkill_after_first_checkpoint(tmp_path, *small, config=CONFIG) == "step_000002"
+    resumed = run(tmp_path, *small, "resume_from_checkpoint=latest", config=CONFIG)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert_same_metrics(tmp_path, straight, steps=(3,), exp_name=CONFIG)
