@@ -1,0 +1,80 @@
+"""Bad agentic configs fail before anything starts, each problem naming its field and fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from roll_ds.config import ConfigError
+from roll_ds.config.compose import load_config
+
+
+def problems(*overrides: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config("agentic_lora_zero3", list(overrides), check_files=False)
+    return info.value.problems
+
+
+def test_shipped_agentic_configs_validate():
+    for name in ("agentic_lora_zero3", "agentic_guess_number", "agentic_calculator"):
+        cfg = load_config(name, [], check_files=False)
+        assert cfg.train_env_manager.tags
+
+
+def test_unknown_environment_names_the_field_and_the_valid_ones():
+    (p,) = problems("custom_envs.GuessNumber.env_type=guess_numbr")
+    assert p.startswith("custom_envs.GuessNumber.env_type: unknown environment 'guess_numbr'")
+    assert "calculator, guess_number" in p and "module:Class" in p
+
+
+def test_import_path_environment_is_checked_by_finding_its_module():
+    (p,) = problems("custom_envs.GuessNumber.env_type=no_such_pkg.envs:Env")
+    assert "cannot find module 'no_such_pkg.envs'" in p
+    load_config(
+        "agentic_lora_zero3",
+        ["custom_envs.GuessNumber.env_type=roll_ds.agentic.envs.guess_number:GuessNumberEnv"],
+        check_files=False,
+    )
+
+
+def test_unknown_tag_parser_and_tool():
+    found = problems(
+        "train_env_manager.tags=[GuessNumber,Sokoban]",
+        "train_env_manager.num_groups_partition=[8,8]",
+        "+custom_envs.Calculator.env_config.parser=xml",
+        "+custom_envs.Calculator.env_config.tools=[calc2]",
+    )
+    text = "\n".join(found)
+    assert "train_env_manager.tags: ['Sokoban'] are not in custom_envs" in text
+    assert "custom_envs.Calculator.env_config.parser: unknown tool parser 'xml'" in text
+    assert "custom_envs.Calculator.env_config.tools: unknown tool 'calc2'" in text
+
+
+def test_turn_limits_and_budget():
+    found = problems(
+        "custom_envs.GuessNumber.max_actions_per_traj=0",
+        "custom_envs.Calculator.max_tokens_per_step=500",
+    )
+    text = "\n".join(found)
+    assert "custom_envs.GuessNumber.max_actions_per_traj: 0; an episode needs at least" in text
+    assert "custom_envs.Calculator.max_tokens_per_step: 500 is more than the whole episode" in text
+
+
+def test_group_layout_and_unsupported_modes():
+    found = problems(
+        "rollout_batch_size=4",
+        "train_env_manager.num_groups_partition=[3,3]",
+        "agentic.reward_mode=per_step",
+        "async_generation.max_staleness=1",
+        "actor_infer.strategy_args.strategy_name=hf_infer",
+    )
+    text = "\n".join(found)
+    assert "train_env_manager.num_env_groups: 16 but rollout_batch_size is 4" in text
+    assert "train_env_manager.num_groups_partition: [3, 3] must have one entry per tag" in text
+    assert "agentic.reward_mode: 'per_step'; valid: trajectory, per_turn" in text
+    assert "async_generation.max_staleness: agentic episodes are generated synchronously" in text
+    assert "actor_infer.strategy_args.strategy_name: agentic episodes are generated" in text
+
+
+def test_per_turn_needs_grpo():
+    (p,) = problems("agentic.reward_mode=per_turn", "algorithm.adv_estimator=rloo")
+    assert p.startswith("agentic.reward_mode: per_turn normalises turn returns")
