@@ -3,6 +3,8 @@
 - one GPU: actor_train and actor_infer share GPU 0; ``transport: auto`` picks ``cuda_ipc``,
   refuses ``collective`` (NCCL would put two ranks on one GPU), and the synced engine's log-probs
   match the trainer's;
+- one GPU, object_store: the whole model crosses vLLM's process boundary (collective_rpc into
+  the engine core's worker) as plain bytes, with parity;
 - two GPUs: the 16-GPU example in miniature. Two ZeRO-3 train ranks and one TP=2 vLLM engine on
   GPUs 0-1, in the rollout actor (vLLM's ``mp`` executor inside a placement group); each TP
   worker reads the buckets of the train rank on its own GPU by CUDA IPC (two groups, paired by
@@ -111,6 +113,9 @@ def sync_and_check(train, infer, expected_groups: int) -> dict[str, float]:
         assert len(transport.groups) == expected_groups  # one group per shared GPU
         metrics = transport.sync(train, infer)
         parity = check_parity(train, infer, probe, max_abs_diff=PARITY_MAX)
+        # the IPC send buffer (as large as the largest bucket) does not outlive the sync
+        held = train.execute(lambda w: w.weight_sender.member.plane.buffer)
+        assert all(b is None for b in held), "a train rank still holds its cuda_ipc buffer"
     finally:
         transport.close(train, infer)
     print(f"\ncuda_ipc sync: {metrics} parity: {parity}")
@@ -122,6 +127,31 @@ def test_colocated_cuda_ipc_sync_on_one_gpu(tiny_qwen2_dir):
     try:
         metrics = sync_and_check(train, infer, expected_groups=1)
         assert metrics["sync/bytes"] > 1e6
+    finally:
+        stop()
+
+
+def test_object_store_sync_crosses_vllms_process_boundary_on_a_gpu(tiny_qwen2_dir):
+    """object_store (allowed on GPUs): the whole model reaches the engine core's worker through
+    collective_rpc, i.e. vLLM's msgpack serializer (roll_ds.weight_sync.wire)."""
+    from roll_ds.distributed.batch import Batch
+    from roll_ds.weight_sync import TRANSPORTS
+    from roll_ds.weight_sync.parity import WeightSyncParityError, check_parity, random_probe
+
+    train, infer, stop = start_roles(tiny_qwen2_dir, (0,), tp=1, stage=3)
+    try:
+        assert infer.execute(lambda w: w.strategy._in_process) == [False]  # engine core apart
+        probe = random_probe(VOCAB, size=4, length=24, seed=3)
+        with pytest.raises(WeightSyncParityError):
+            check_parity(train, infer, probe, max_abs_diff=PARITY_MAX)
+        transport = TRANSPORTS.get("object_store")(bucket_bytes=256 * 1024, timeout_s=120)
+        metrics = transport.sync(train, infer)
+        parity = check_parity(train, infer, probe, max_abs_diff=PARITY_MAX)
+        assert metrics["sync/bytes"] > 1e6
+        batch = Batch(non_tensors={"prompt_ids": [[3, 5, 7, 9]], "row": [0]})
+        out = infer.generate(batch, seed=7, n=2, max_new_tokens=6, ignore_eos=True)
+        assert [len(r) for r in out["response_ids"]] == [6, 6]
+        print(f"\nobject_store sync on a GPU: {metrics} parity: {parity}")
     finally:
         stop()
 

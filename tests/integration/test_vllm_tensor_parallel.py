@@ -34,6 +34,7 @@ from roll_ds.distributed.placement import RoleSpec  # noqa: E402
 from roll_ds.distributed.ray_init import connect  # noqa: E402
 from roll_ds.distributed.resource_manager import ResourceManager  # noqa: E402
 from roll_ds.pipeline.workers import ActorTrainWorker, RolloutWorker  # noqa: E402
+from roll_ds.platform import VLLM_MULTIPROC_ENV  # noqa: E402
 from roll_ds.strategy import StrategyContext  # noqa: E402
 from roll_ds.weight_sync import TRANSPORTS  # noqa: E402
 from roll_ds.weight_sync.parity import WeightSyncParityError, check_parity, random_probe  # noqa: E402
@@ -68,9 +69,12 @@ def resources():
         os.environ["RAY_ADDRESS"] = saved
 
 
+@pytest.mark.parametrize("multiproc", [False, True], ids=["in_process_core", "multiproc"])
 def test_tp2_engine_in_the_rollout_actor_generates_and_takes_a_synced_model(
-    resources, tiny_qwen2_dir
+    resources, tiny_qwen2_dir, multiproc
 ):
+    """``multiproc``: the engine core in a process of its own (ROLL_DS_VLLM_MULTIPROC=1, as on
+    GPU), so the seats and the weights cross vLLM's serializer to reach the TP workers."""
     sys.path.insert(0, os.path.dirname(__file__))
     from _train_helpers import preset
 
@@ -90,7 +94,12 @@ def test_tp2_engine_in_the_rollout_actor_generates_and_takes_a_synced_model(
     )
     start = time.perf_counter()
     infer = Cluster(
-        "actor_infer", RolloutWorker, resources, init_args=(infer_role, ctx), call_timeout_s=300
+        "actor_infer",
+        RolloutWorker,
+        resources,
+        init_args=(infer_role, ctx),
+        call_timeout_s=300,
+        env={VLLM_MULTIPROC_ENV: "1"} if multiproc else None,
     )
     train = Cluster(
         "actor_train", ActorTrainWorker, resources, init_args=(train_role, ctx), call_timeout_s=300
@@ -126,7 +135,8 @@ def test_tp2_engine_in_the_rollout_actor_generates_and_takes_a_synced_model(
         after = [list(r) for r in again["rollout_logprobs"]]
         assert before != after  # the same seed now samples from the new weights
         print(
-            f"\nTP=2 engine in a Ray actor: roles started in {started_s:.1f} s; sync "
+            f"\nTP=2 engine in a Ray actor (multiproc={multiproc}): roles started in "
+            f"{started_s:.1f} s; sync "
             f"{metrics['sync/seconds']:.3f} s ({metrics['sync/bytes'] / 1e6:.2f} MB into 2 TP "
             f"workers); parity max |diff| {parity['sync/parity_max_abs_diff']:.1e}"
         )
