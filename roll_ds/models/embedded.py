@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from roll_ds.config.schema import EMBEDDED_MODEL, EMBEDDED_RM
+from roll_ds.config.schema import EMBEDDED_AGENT, EMBEDDED_MODEL, EMBEDDED_RM
 from roll_ds.data.synthetic import DOMAINS, TaskSpec, generate_domain, to_jsonl
 from roll_ds.models.tiny import TinyQwen2Spec
 
@@ -119,6 +119,10 @@ def resolve_pretrain(
         from roll_ds.models.embedded_rm import resolve_reward_model
 
         return resolve_reward_model(cache_dir)
+    if pretrain == EMBEDDED_AGENT:  # the embedded agent model (roll_ds/models/embedded_agent.py)
+        from roll_ds.models.embedded_agent import resolve_agent_model
+
+        return resolve_agent_model(cache_dir)
     if pretrain == EMBEDDED_MODEL:
         digest = recipe.digest()
         shipped = shipped_digest()

@@ -1,0 +1,531 @@
+"""The embedded agent model ``embedded:tiny-agent``: the embedded policy warmed up on episodes.
+
+It starts from the embedded policy (``embedded:tiny-qwen2``) and learns, supervised, from
+demonstration episodes of the two shipped environments (``roll_ds/agentic/envs/``), laid out
+token for token as the episode runner lays them out (``roll_ds.agentic.chat.ChatFormat`` with
+``AGENT_CHAT_TEMPLATE``: first prompt, then each policy turn ending with ``<|im_end|>``, then
+each observation's tokens); the loss is on the policy's turns only.
+
+As with the policy's own warm-up, the demonstrations are of mixed quality, so that RL has
+something to learn:
+
+- ``calculator`` ("37*89="): a share ``tool_fraction`` calls the ``calc`` tool in the hermes
+  form and copies its result; the rest answers at once with a plausible wrong number (within
+  about 10 % of the product).
+- ``guess_number`` ("Guess a number 1-32."): a share ``search_fraction`` plays binary search on
+  the "higher" / "lower" replies, a share ``careless_fraction`` binary search with half of its
+  guesses at random; the rest (the most common game) counts up from 1 whatever the replies say.
+
+The model learns all of these, and prefers the flawed ones: greedy, it mostly answers the
+product at once and counts up from 1, while its samples call the tool or search often enough
+that a GRPO group of 8 holds both successes and failures. Its held-out greedy and sampled
+(temperature 1) success per environment, measured with a small local episode loop (HF
+``generate``, the same token layout as the runner), is recorded in ``roll_ds_recipe.json``
+(``held_out``). A compact ``calc`` call is 67 tokens: the runner's per-turn token limit must
+allow it (the measurement uses ``max_new_tokens``).
+
+As with the other embedded models the build is a float computation whose result differs
+between machines, so the built directory is shipped in ``roll_ds/models/embedded_tiny_agent/``;
+``python scripts/make_embedded_agent.py`` rebuilds it, and a stale copy is rebuilt into the
+cache with a warning (``resolve_agent_model``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from roll_ds.config.schema import EMBEDDED_AGENT  # noqa: F401  (the name this model answers to)
+
+logger = logging.getLogger(__name__)
+
+RECIPE_FILE = "roll_ds_recipe.json"
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_agent")
+REFRESH_COMMAND = "python scripts/make_embedded_agent.py"
+RECIPE_VERSION = 1
+
+AGENT_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' -%}{{ m['content'] }}<|im_end|>"
+    "{%- elif m['role'] == 'tool' -%}<|im_start|>={{ m['content'] }}<|im_end|>"
+    "{%- else -%}<|im_start|>{{ m['content'] }}<|im_end|>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+"""Minimal, for 256 positions: a user or system message is ``<|im_start|>text<|im_end|>``, a
+tool result ``<|im_start|>=text<|im_end|>``, an assistant turn its text and ``<|im_end|>``; no
+generation prompt (the policy speaks right after the last ``<|im_end|>``); ``tools`` unused."""
+
+ENV_NAMES = ("calculator", "guess_number")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentRecipe:
+    """Everything that determines the built weights (hashed, with the policy it starts from,
+    the chat template and the demonstration episodes, into the cache directory name).
+
+    ``guess_low``/``guess_high``, ``calc_digits`` and ``max_turns`` are the environments'
+    ``env_config`` and the runner's ``max_actions_per_traj`` the model is warmed up (and
+    measured) for. Demonstrations use seeds ``0..n_train-1`` per environment; the held-out
+    measurement ``n_eval`` seeds from ``eval_seed_start`` (greedy once each, sampled
+    ``eval_samples`` times each at temperature 1).
+    """
+
+    seed: int = 17
+    guess_low: int = 1
+    guess_high: int = 32
+    calc_digits: int = 2
+    max_turns: int = 6
+    n_train: int = 3000
+    tool_fraction: float = 0.4
+    search_fraction: float = 0.35
+    careless_fraction: float = 0.1
+    calculator_weight: float = 0.65  # share of the calculator's episodes in a batch
+    steps: int = 900
+    batch_size: int = 32
+    lr: float = 1.5e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    max_new_tokens: int = 80  # a compact calc call is 67 tokens, its <|im_end|> one more
+    n_eval: int = 200
+    eval_seed_start: int = 1_000_000
+    eval_samples: int = 2
+    num_threads: int = 1
+
+    def to_dict(self) -> dict:
+        return {"version": RECIPE_VERSION, **asdict(self)}
+
+    def env_config(self, name: str) -> dict[str, Any]:
+        if name == "guess_number":
+            return {"low": self.guess_low, "high": self.guess_high}
+        return {"digits": self.calc_digits}
+
+    def digest(self, policy_digest: str | None) -> str:
+        return _digest(self, policy_digest)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(recipe: AgentRecipe, policy_digest: str | None) -> str:
+    """Cached: playing the demonstrations takes about a second."""
+    blob = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True).encode())
+    blob.update(str(policy_digest).encode())
+    blob.update(AGENT_CHAT_TEMPLATE.encode())
+    for episode in demonstrations(recipe):  # the environments' texts and the players
+        blob.update(json.dumps(episode, sort_keys=True).encode())
+    return blob.hexdigest()[:12]
+
+
+DEFAULT_AGENT_RECIPE = AgentRecipe()
+
+
+# --- resolving -------------------------------------------------------------------------------
+
+
+def _policy() -> tuple[str, str | None]:
+    from roll_ds.config.schema import EMBEDDED_MODEL
+    from roll_ds.models.embedded import resolve_pretrain, shipped_digest
+
+    path = resolve_pretrain(EMBEDDED_MODEL)
+    return path, shipped_digest(path)
+
+
+def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
+    try:
+        with open(os.path.join(shipped_dir, RECIPE_FILE), encoding="utf-8") as f:
+            return json.load(f)["recipe_digest"]
+    except FileNotFoundError:
+        return None
+
+
+def resolve_agent_model(cache_dir: str | None = None) -> str:
+    """The embedded agent model's directory: the shipped one when it matches the current recipe
+    and policy, else a build in the cache (made once)."""
+    from roll_ds.models.embedded import cache_root, ensure_built
+
+    digest = DEFAULT_AGENT_RECIPE.digest(_policy()[1])
+    shipped = shipped_digest()
+    if shipped == digest:
+        return SHIPPED_DIR
+    logger.warning(
+        "the shipped embedded agent model (%s, recipe %s) is stale: the current recipe is %s; "
+        "building it into the cache (a few minutes, once). Refresh the shipped copy with `%s`.",
+        SHIPPED_DIR,
+        shipped,
+        digest,
+        REFRESH_COMMAND,
+    )
+    target = os.path.join(cache_root(cache_dir), "models", f"tiny-agent-{digest}")
+    return ensure_built(target, DEFAULT_AGENT_RECIPE, build=build_agent_model_dir)
+
+
+def write_shipped(shipped_dir: str = SHIPPED_DIR) -> dict:
+    """Rebuild the shipped agent model and replace ``shipped_dir`` with it."""
+    parent = os.path.dirname(shipped_dir)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(shipped_dir)}.tmp-", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)
+        info = build_agent_model_dir(tmp, DEFAULT_AGENT_RECIPE)
+        for name in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, name), 0o644)
+        shutil.rmtree(shipped_dir, ignore_errors=True)
+        os.rename(tmp, shipped_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+# --- demonstrations --------------------------------------------------------------------------
+
+
+def make_env(name: str, recipe: AgentRecipe) -> Any:
+    from roll_ds.agentic.registry import ENVS
+
+    return ENVS.get(name)(**recipe.env_config(name))
+
+
+def calculator_actions(task: str, rng: random.Random, tool_fraction: float) -> list[str]:
+    """The player's turns before seeing replies: a ``calc`` call (then the result is copied,
+    see ``play``) or a direct answer within about 10 % of the product, never the product."""
+    a, b = (int(x) for x in task.removesuffix("=").split("*"))
+    if rng.random() < tool_fraction:
+        call = {"name": "calc", "arguments": {"expr": f"{a}*{b}"}}
+        return [f"<tool_call>{json.dumps(call, separators=(',', ':'))}</tool_call>"]
+    delta = rng.randint(1, max(1, a * b // 10))
+    return [str(a * b + rng.choice((-1, 1)) * delta)]
+
+
+def guess_player(low: int, high: int, rng: random.Random, recipe: AgentRecipe) -> Callable:
+    """A guessing strategy ``(history of (guess, hint)) -> next guess``: binary search with
+    probability ``search_fraction``; "careless" binary search (half of the guesses after the
+    first drawn at random) with probability ``careless_fraction``; else "linear": ``low``,
+    ``low + 1``, ... whatever the replies say. Linear is the most common and opens differently
+    (with ``low``, the others with the middle), so a model that imitates the demonstrations
+    prefers it greedily while its samples open with binary search about as often as the
+    demonstrations do."""
+    u = rng.random()
+    if u < recipe.search_fraction:
+        style = "search"
+    elif u < recipe.search_fraction + recipe.careless_fraction:
+        style = "careless"
+    else:
+        style = "linear"
+
+    def next_guess(history: list[tuple[int, str]]) -> int:
+        if style == "linear":
+            return history[-1][0] + 1 if history else low
+        lo, hi = low, high
+        for guess, hint in history:
+            if hint == "higher":
+                lo = max(lo, guess + 1)
+            else:
+                hi = min(hi, guess - 1)
+        if style == "careless" and history and rng.random() < 0.5:
+            return rng.randint(low, high)
+        return (lo + hi) // 2 if lo <= hi else (low + high) // 2
+
+    return next_guess
+
+
+def play(name: str, seed: int, recipe: AgentRecipe) -> dict:
+    """One demonstration episode, played against the real environment:
+    ``{"env", "seed", "first": first observation, "turns": [[action, observation, done]]}``."""
+    rng = random.Random(recipe.seed * 1_000_003 + seed * 2 + (name == "guess_number"))
+    env = make_env(name, recipe)
+    first = env.reset(seed)
+    turns: list[list] = []
+    success = False
+    if name == "calculator":
+        actions = calculator_actions(first, rng, recipe.tool_fraction)
+        for action in actions:
+            result = env.step(action)
+            turns.append([action, result.observation, result.done])
+        if not turns[-1][2]:  # a tool call: answer with its result
+            answer = turns[-1][1][0]["content"]
+            result = env.step(answer)
+            turns.append([answer, result.observation, result.done])
+        success = bool(result.info.get("success"))
+    else:
+        player = guess_player(recipe.guess_low, recipe.guess_high, rng, recipe)
+        history: list[tuple[int, str]] = []
+        for _ in range(recipe.max_turns):
+            guess = player(history)
+            result = env.step(str(guess))
+            turns.append([str(guess), result.observation, result.done])
+            success = bool(result.info.get("success"))
+            if result.done:
+                break
+            history.append((guess, result.observation))
+    return {"env": name, "seed": seed, "first": first, "turns": turns, "success": success}
+
+
+def demonstrations(recipe: AgentRecipe) -> list[dict]:
+    return [play(name, seed, recipe) for name in ENV_NAMES for seed in range(recipe.n_train)]
+
+
+def encode_episode(fmt: Any, episode: dict) -> tuple[list[int], list[int]]:
+    """``(ids, labels)`` of a demonstration in the runner's layout; labels are -100 outside
+    the policy's turns (their ``<|im_end|>`` included)."""
+    from roll_ds.agentic.env import as_messages
+
+    ids = fmt.prompt_ids(as_messages(episode["first"]))
+    labels = [-100] * len(ids)
+    for action, observation, done in episode["turns"]:
+        turn = [*fmt.encode(action), fmt.eos_id]
+        ids += turn
+        labels += turn
+        if not done:
+            obs = fmt.observation_ids(as_messages(observation))
+            ids += obs
+            labels += [-100] * len(obs)
+    return ids, labels
+
+
+# --- build -----------------------------------------------------------------------------------
+
+
+def agent_tokenizer(policy_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    tokenizer.chat_template = AGENT_CHAT_TEMPLATE
+    return tokenizer
+
+
+def save_agent_tokenizer(tokenizer: Any, out_dir: str) -> None:
+    """``save_pretrained`` (transformers 5 writes the template to ``chat_template.jinja``) with
+    the chat template also in ``tokenizer_config.json``, where older readers look for it."""
+    from roll_ds.models.tiny import save_tokenizer
+
+    save_tokenizer(tokenizer, out_dir)
+    path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["chat_template"] = AGENT_CHAT_TEMPLATE
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
+    """Start from the embedded policy, warm up on the demonstrations, measure, save."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roll_ds.agentic.chat import ChatFormat
+
+    start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        policy_dir, policy_digest = _policy()
+        tokenizer = agent_tokenizer(policy_dir)
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        fmt = ChatFormat(tokenizer)
+        episodes = demonstrations(recipe)
+        encoded = {
+            name: [encode_episode(fmt, e) for e in episodes if e["env"] == name]
+            for name in ENV_NAMES
+        }
+        losses = warm_up(model, encoded, recipe)
+        held_out = measure(model, fmt, recipe)
+    finally:
+        torch.set_num_threads(threads)
+    lengths = [len(ids) for name in ENV_NAMES for ids, _ in encoded[name]]
+    info = {
+        "recipe": recipe.to_dict(),
+        "recipe_digest": recipe.digest(policy_digest),
+        "policy_digest": policy_digest,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "demonstrations": demo_stats(episodes, lengths),
+        "loss_per_100_steps": [round(x, 4) for x in losses],
+        "held_out": held_out,
+        "build_seconds": round(time.perf_counter() - start, 2),
+    }
+    model.save_pretrained(out_dir, safe_serialization=True)
+    save_agent_tokenizer(tokenizer, out_dir)
+    with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+        f.write("\n")
+    return info
+
+
+def demo_stats(episodes: list[dict], lengths: list[int]) -> dict:
+    out = {}
+    for name in ENV_NAMES:
+        sel = [(e, n) for e, n in zip(episodes, lengths, strict=True) if e["env"] == name]
+        out[name] = {
+            "episodes": len(sel),
+            "success": round(sum(e["success"] for e, _ in sel) / len(sel), 4),
+            "mean_turns": round(sum(len(e["turns"]) for e, _ in sel) / len(sel), 3),
+            "max_tokens": max(n for _, n in sel),
+        }
+    return out
+
+
+def warm_up(model: Any, encoded: dict[str, list[tuple[list[int], list[int]]]], recipe) -> list:
+    """Supervised steps on random batches of demonstrations, a share ``calculator_weight`` of
+    each from the calculator; the loss is the mean over the policy's tokens. A batch goes
+    through the model in two chunks by length (calculator answers are short, episodes long).
+    Returns the mean loss of each 100 steps."""
+    import torch
+    import torch.nn.functional as F
+
+    rows = [row for name in ENV_NAMES for row in encoded[name]]
+    width = max(len(ids) for ids, _ in rows)
+    ids_BT = torch.zeros((len(rows), width), dtype=torch.long)
+    labels_BT = torch.full_like(ids_BT, -100)
+    lengths_B = torch.tensor([len(ids) for ids, _ in rows])
+    for i, (ids, labels) in enumerate(rows):
+        ids_BT[i, : len(ids)] = torch.tensor(ids)
+        labels_BT[i, : len(ids)] = torch.tensor(labels)
+    mask_BT = (torch.arange(width)[None] < lengths_B[:, None]).long()
+    share = {"calculator": recipe.calculator_weight, "guess_number": 1 - recipe.calculator_weight}
+    weights = torch.cat(
+        [torch.full((len(encoded[n]),), share[n] / len(encoded[n])) for n in ENV_NAMES]
+    )
+    generator = torch.Generator().manual_seed(recipe.seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / recipe.warmup_steps)
+    )
+    model.train()
+    history, window = [], []
+    for step in range(recipe.steps):
+        idx = torch.multinomial(weights, recipe.batch_size, replacement=True, generator=generator)
+        idx = idx[lengths_B[idx].argsort(stable=True)]
+        loss_sum, n_tokens = 0.0, 0
+        for chunk in idx.chunk(2):
+            w = int(lengths_B[chunk].max())
+            logits = model(input_ids=ids_BT[chunk, :w], attention_mask=mask_BT[chunk, :w]).logits
+            targets = labels_BT[chunk, 1:w]
+            loss_sum = loss_sum + F.cross_entropy(
+                logits[:, :-1].flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+            )
+            n_tokens += int((targets != -100).sum())
+        loss = loss_sum / n_tokens
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        window.append(loss.item())
+        if (step + 1) % 100 == 0 or step + 1 == recipe.steps:
+            history.append(sum(window) / len(window))
+            window = []
+    model.eval()
+    return history
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+
+def measure(model: Any, fmt: Any, recipe: AgentRecipe) -> dict:
+    """Held-out success per environment: greedy (one episode per seed) and sampled at
+    temperature 1 (``eval_samples`` per seed)."""
+    seeds = list(range(recipe.eval_seed_start, recipe.eval_seed_start + recipe.n_eval))
+    out = {}
+    for k, name in enumerate(ENV_NAMES):
+        greedy = run_episodes(model, fmt, name, seeds, recipe, sample_seed=None)
+        sampled = run_episodes(
+            model, fmt, name, seeds * recipe.eval_samples, recipe, sample_seed=recipe.seed + k
+        )
+        out[name] = {"greedy": summarize(greedy), "sampled_t1": summarize(sampled)}
+    return out
+
+
+def summarize(episodes: list[dict]) -> dict:
+    n = len(episodes)
+    return {
+        "episodes": n,
+        "success": round(sum(e["success"] for e in episodes) / n, 4),
+        "mean_turns": round(sum(e["turns"] for e in episodes) / n, 3),
+        "tool_calls_per_episode": round(sum(e["tool_calls"] for e in episodes) / n, 3),
+        "format_errors_per_episode": round(sum(e["format_errors"] for e in episodes) / n, 3),
+        "tool_errors_per_episode": round(sum(e["tool_errors"] for e in episodes) / n, 3),
+    }
+
+
+def run_episodes(
+    model: Any,
+    fmt: Any,
+    name: str,
+    seeds: list[int],
+    recipe: AgentRecipe,
+    sample_seed: int | None,
+    max_context: int = 256,
+) -> list[dict]:
+    """Play one episode per seed, all together: each turn is one ``generate`` call over the
+    running episodes (left-padded), at most ``recipe.max_new_tokens`` tokens ending at
+    ``<|im_end|>``; the decoded turn goes to ``env.step`` and the observation's tokens are
+    appended, as the runner does. ``sample_seed`` None: greedy, else temperature 1."""
+    import torch
+
+    from roll_ds.agentic.env import as_messages
+
+    envs = [make_env(name, recipe) for _ in seeds]
+    contexts = [
+        fmt.prompt_ids(as_messages(env.reset(s))) for env, s in zip(envs, seeds, strict=True)
+    ]
+    stats = [
+        {"success": False, "turns": 0, "tool_calls": 0, "format_errors": 0, "tool_errors": 0}
+        for _ in seeds
+    ]
+    running = list(range(len(seeds)))
+    pad = fmt.tokenizer.pad_token_id
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(sample_seed or 0)
+        for _ in range(recipe.max_turns):
+            running = [
+                i for i in running if len(contexts[i]) + recipe.max_new_tokens <= max_context
+            ]
+            if not running:
+                break
+            width = max(len(contexts[i]) for i in running)
+            ids = torch.tensor([[pad] * (width - len(contexts[i])) + contexts[i] for i in running])
+            mask = torch.tensor(
+                [[0] * (width - len(contexts[i])) + [1] * len(contexts[i]) for i in running]
+            )
+            sampling = (
+                {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+                if sample_seed is not None
+                else {"do_sample": False}
+            )
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=recipe.max_new_tokens,
+                eos_token_id=fmt.eos_id,
+                pad_token_id=pad,
+                **sampling,
+            )
+            still = []
+            for row, i in enumerate(running):
+                turn = out[row, width:].tolist()
+                closed = fmt.eos_id in turn
+                turn = turn[: turn.index(fmt.eos_id) + 1] if closed else turn
+                result = envs[i].step(fmt.decode(turn))
+                s = stats[i]
+                s["turns"] += 1
+                s["success"] = s["success"] or bool(result.info.get("success", False))
+                s["tool_calls"] += int(result.info.get("tool_calls", 0))
+                s["format_errors"] += int(bool(result.info.get("format_error", False)))
+                s["tool_errors"] += int(bool(result.info.get("tool_error", False)))
+                if not result.done:
+                    obs = fmt.observation_ids(as_messages(result.observation), closed=closed)
+                    contexts[i] = contexts[i] + turn + obs
+                    still.append(i)
+            running = still
+    return stats

@@ -1,0 +1,120 @@
+"""The embedded agent model: the shipped copy is current and loads with its chat template, its
+demonstrations are laid out exactly as the episode runner lays out episodes, and its recorded
+held-out success leaves RL something to learn."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import pytest
+
+from roll_ds.config.schema import EMBEDDED_AGENT
+from roll_ds.models.embedded_agent import (
+    AGENT_CHAT_TEMPLATE,
+    DEFAULT_AGENT_RECIPE,
+    ENV_NAMES,
+    RECIPE_FILE,
+    SHIPPED_DIR,
+    _policy,
+    agent_tokenizer,
+    demonstrations,
+    encode_episode,
+    shipped_digest,
+)
+
+SMALL = replace(DEFAULT_AGENT_RECIPE, n_train=200)
+
+
+@pytest.fixture(scope="module")
+def fmt():
+    from roll_ds.agentic.chat import ChatFormat
+
+    return ChatFormat(agent_tokenizer(_policy()[0]))
+
+
+def test_shipped_agent_model_matches_the_recipe():
+    assert shipped_digest() == DEFAULT_AGENT_RECIPE.digest(_policy()[1]), (
+        "roll_ds/models/embedded_tiny_agent is stale: run python scripts/make_embedded_agent.py"
+    )
+    size = sum(os.path.getsize(os.path.join(SHIPPED_DIR, f)) for f in os.listdir(SHIPPED_DIR))
+    assert size < 2.2 * 2**20
+
+
+def test_embedded_name_resolves_to_the_shipped_model():
+    from roll_ds.models.embedded import resolve_pretrain
+
+    assert resolve_pretrain(EMBEDDED_AGENT) == SHIPPED_DIR
+
+
+def test_shipped_model_loads_with_its_chat_template():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from roll_ds.agentic.chat import ChatFormat
+
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED_DIR)
+    assert tokenizer.chat_template == AGENT_CHAT_TEMPLATE
+    with open(os.path.join(SHIPPED_DIR, "tokenizer_config.json"), encoding="utf-8") as f:
+        assert json.load(f)["chat_template"] == AGENT_CHAT_TEMPLATE
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 258
+    fmt = ChatFormat(tokenizer)
+    first = fmt.prompt_ids([{"role": "user", "content": "6*7="}])
+    assert first == [257, *b"6*7=", 258]
+    assert fmt.observation_ids([{"role": "tool", "content": "42"}]) == [257, *b"=42", 258]
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR)
+    assert model.config.max_position_embeddings == 256
+    assert model.generation_config.eos_token_id == 258
+
+
+def test_recorded_held_out_success_leaves_rl_something_to_learn():
+    with open(os.path.join(SHIPPED_DIR, RECIPE_FILE), encoding="utf-8") as f:
+        held_out = json.load(f)["held_out"]
+    for name in ENV_NAMES:
+        greedy, sampled = held_out[name]["greedy"], held_out[name]["sampled_t1"]
+        assert 0.02 <= greedy["success"] <= 0.5, (name, greedy)
+        assert 0.1 <= sampled["success"] <= 0.6, (name, sampled)
+    assert held_out["calculator"]["sampled_t1"]["tool_calls_per_episode"] > 0.1
+
+
+def test_demonstrations_are_laid_out_as_the_runner_does(fmt):
+    from roll_ds.agentic.env import as_messages
+
+    episodes = demonstrations(SMALL)
+    tool_demo = next(e for e in episodes if e["env"] == "calculator" and len(e["turns"]) == 2)
+    (call, tool_obs, _), (answer, _, done) = tool_demo["turns"]
+    assert call.startswith('<tool_call>{"name":"calc"') and done and tool_demo["success"]
+    ids, labels = encode_episode(fmt, tool_demo)
+    prompt = fmt.prompt_ids(as_messages(tool_demo["first"]))
+    turn1, turn2 = [*fmt.encode(call), fmt.eos_id], [*fmt.encode(answer), fmt.eos_id]
+    observation = fmt.observation_ids(as_messages(tool_obs))
+    assert ids == prompt + turn1 + observation + turn2
+    masked = [-100] * len(prompt) + turn1 + [-100] * len(observation) + turn2
+    assert labels == masked
+    assert fmt.tokenizer.decode(ids) == (
+        f"<|im_start|>{tool_demo['first']}<|im_end|>{call}<|im_end|>"
+        f"<|im_start|>={tool_obs[0]['content']}<|im_end|>{answer}<|im_end|>"
+    )
+    lengths = [len(encode_episode(fmt, e)[0]) for e in episodes]
+    assert max(lengths) <= 160
+
+
+def test_demonstrations_are_of_mixed_quality():
+    episodes = demonstrations(SMALL)
+    for name in ENV_NAMES:
+        own = [e for e in episodes if e["env"] == name]
+        success = sum(e["success"] for e in own) / len(own)
+        assert 0.2 < success < 0.7, (name, success)
+    calc = [e for e in episodes if e["env"] == "calculator"]
+    tool_share = sum(len(e["turns"]) == 2 for e in calc) / len(calc)
+    assert abs(tool_share - SMALL.tool_fraction) < 0.1
+    assert all(e["success"] == (len(e["turns"]) == 2) for e in calc)  # direct answers are wrong
+    openings = [e["turns"][0][0] for e in episodes if e["env"] == "guess_number"]
+    assert openings.count("1") > openings.count("16") > 0  # counting up is the commonest game
+
+
+def test_digest_follows_the_recipe():
+    policy = _policy()[1]
+    assert SMALL.digest(policy) == replace(SMALL).digest(policy)
+    assert SMALL.digest(policy) != replace(SMALL, tool_fraction=0.5).digest(policy)
+    assert SMALL.digest(policy) != SMALL.digest("another policy")
