@@ -25,9 +25,6 @@ EMBEDDED_RM = "embedded:tiny-rm"
 EMBEDDED_AGENT = "embedded:tiny-agent"
 """``pretrain`` of the embedded agent model (roll_ds/models/embedded_agent.py): the embedded
 policy warmed up on episodes of the shipped environments, with a chat template."""
-EMBEDDED_AGENT = "embedded:tiny-agent"
-"""``pretrain`` of the embedded agent model (roll_ds/models/embedded_agent.py): the embedded
-policy warmed up on episodes of the shipped environments, with a chat template."""
 
 DTYPES = ("fp32", "bf16", "fp16")
 
