@@ -17,9 +17,10 @@ looked at twice, a second apart, and must be the same file both times: torch clo
 before removing it, and a lock seen in that instant is a live build ending. Clearing runs under an
 ``flock`` of ``<root>/.roll_ds_lock_check`` (released by the kernel if the process dies) so two
 ranks starting together never clear a lock the other has just taken. Where the holders cannot be
-seen (another user's lock, no ``/proc``) nothing is cleared. Not covered: a cache directory shared
-with processes of another PID namespace (containers mounting the same home), whose builds are
-invisible here.
+seen (another user's lock, no ``/proc``, a cache on a file system other machines mount: NFS,
+Lustre, FUSE, ...) nothing is cleared, and the bounded wait's error names the lock. Not covered: a
+local cache directory shared with another PID namespace (containers bind-mounting the same home),
+whose builds are invisible here.
 
 Where. ``init_distributed`` (every DeepSpeed rank's first step: DeepSpeed builds
 ``deepspeed_shm_comm`` there on CPU) first clears every stale lock under the extensions root
@@ -59,6 +60,11 @@ CHECK_LOCK_NAME = ".roll_ds_lock_check"  # our flock while deciding whether a lo
 RECHECK_S = 1.0  # a stale lock is seen twice this far apart
 STALE_POLL_S = 5.0  # how often a wait looks for a dead holder
 LOAD_ATTEMPTS = 3
+# File systems that other machines may mount as well: a build there may run on another machine.
+SHARED_FILESYSTEMS = frozenset(
+    ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "glusterfs", "beegfs",
+     "afs", "9p", "virtiofs", "fuse")
+)  # fmt: skip
 
 
 class OpBuildTimeout(TimeoutError):
@@ -96,16 +102,45 @@ def op_locks(root: Path | None = None) -> list[Path]:
     return sorted(root.glob(f"*/{LOCK_NAME}"))
 
 
+def filesystem_type(path: str, mounts: str) -> str | None:
+    """The type of the file system holding ``path`` (absolute, resolved), read from a
+    ``/proc/mounts`` text: the entry with the longest mount point above it."""
+    best, found = -1, None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, found = len(point), fields[2]
+    return found
+
+
+def _shared_filesystem(path: str) -> bool:
+    """``path`` is on a file system other machines may mount too (NFS, Lustre, FUSE, ...): their
+    builds do not show in this machine's ``/proc``."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text()
+    except OSError:
+        return True  # cannot tell
+    kind = filesystem_type(path, mounts) or ""
+    return kind in SHARED_FILESYSTEMS or kind.startswith("fuse.")
+
+
 def lock_holders(lock: Path) -> list[int] | None:
     """Pids of the processes that have ``lock`` open; None when that cannot be told (no
-    ``/proc``, or a lock owned by another user whose processes this one cannot read)."""
+    ``/proc``, a lock owned by another user whose processes this one cannot read, or a lock on
+    a file system other machines share)."""
     try:
         owner = lock.stat().st_uid
     except FileNotFoundError:
         return []
+    target = os.path.realpath(lock)
     if not Path("/proc/self/fd").is_dir() or os.geteuid() not in (0, owner):
         return None
-    target = os.path.realpath(lock)
+    if _shared_filesystem(target):
+        return None
     holders = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():

@@ -131,3 +131,38 @@ def test_startup_with_a_stale_lock_builds_instead_of_hanging(tmp_path, held_by_l
     else:
         assert "BUILD deepspeed_shm_comm" in run.stdout, run.stderr[-2000:]
         assert f"removed {lock}" in run.stderr
+
+
+MOUNTS = """\
+overlay / overlay rw,relatime 0 0
+server:/export/home /home nfs4 rw,relatime 0 0
+/dev/sda1 /home/me/local ext4 rw 0 0
+gcsfuse /mnt/bucket fuse.gcsfuse rw 0 0
+/dev/sdb /mnt/my\\040disk xfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/tmp/x/lock", "overlay"),
+        ("/home/me/.cache/torch_extensions/py311_cpu/cpu_adam/lock", "nfs4"),
+        ("/home/me/local/lock", "ext4"),
+        ("/home/me/localx/lock", "nfs4"),
+        ("/mnt/bucket/a/lock", "fuse.gcsfuse"),
+        ("/mnt/my disk/lock", "xfs"),
+    ],
+)
+def test_the_file_system_of_a_lock(path, kind):
+    assert ops.filesystem_type(path, MOUNTS) == kind
+
+
+def test_a_lock_on_a_shared_file_system_is_never_cleared(tmp_path, monkeypatch):
+    # a build on another machine mounting the same cache does not show in this /proc
+    lock = stale_lock(tmp_path)
+    monkeypatch.setattr(ops, "_shared_filesystem", lambda path: True)
+    assert ops.lock_holders(lock) is None
+    assert ops.clear_stale_locks(tmp_path, recheck_s=0.05) == []
+    with pytest.raises(ops.OpBuildTimeout, match="cannot see"):
+        ops.wait_for_lock(lock, timeout_s=0.5, stale_poll_s=0.1)
+    assert lock.exists()
