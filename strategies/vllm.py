@@ -271,6 +271,12 @@ class VllmStrategy:
         with bounded_start(timeout_s, f"tensor_parallel_size={self.tensor_parallel_size}"):
             self.llm = vllm.LLM(**kwargs)
         self._in_process = _engine_in_this_process(self.llm)
+        logger.info(
+            "vLLM engine started: %s",
+            "engine core and worker in this process"
+            if self._in_process
+            else "engine core in a process of its own (collective_rpc crosses vLLM's serializer)",
+        )
 
     @property
     def max_model_len(self) -> int:

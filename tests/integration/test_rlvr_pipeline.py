@@ -1,7 +1,8 @@
 """The real pipeline (Ray + DeepSpeed ZeRO-3 LoRA + vLLM + reward actors) through run.py.
 
 One uninterrupted run doubles as the smoke test; a second run is SIGKILLed after its first
-checkpoint and resumed, and its metrics must equal the uninterrupted run's.
+checkpoint and resumed, and its metrics must equal the uninterrupted run's. A 2-step run goes
+through vLLM's multiprocess engine (the GPU path's process boundary, on CPU).
 """
 
 from __future__ import annotations
@@ -81,6 +82,28 @@ def test_adapter_sync_over_a_collective_group(straight: Path, tmp_path: Path):
     # Step 1 samples from the untrained adapter (lora_B = 0): the same rollouts as merged.
     for key in ("rollout/score", "rollout/response_length"):
         assert rows[0][key] == pytest.approx(merged[1][key], rel=1e-6), key
+
+
+def test_two_steps_across_vllms_process_boundary(tmp_path: Path):
+    """``ROLL_DS_VLLM_MULTIPROC=1`` (the role's system_envs): the engine core and its worker are
+    processes of their own as on GPU, so the collective seats and the adapter target cross
+    vLLM's serializer; every sync still reaches parity with the trainer."""
+    result = run(
+        tmp_path,
+        "max_steps=2",
+        "save_steps=0",
+        "eval_steps=0",
+        "weight_sync.lora_sync=adapter",
+        "weight_sync.transport=collective",
+        '+actor_infer.system_envs.ROLL_DS_VLLM_MULTIPROC="1"',
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "(EngineCore pid=" in result.stdout  # the engine core logged from its own process
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["sync/parity_max_abs_diff"] < 1e-4
+        assert row["rollout/mismatch_abs_logprob_diff"] < 1e-4
 
 
 def test_bad_data_fails_before_training_with_file_and_line(tmp_path: Path):
