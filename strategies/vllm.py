@@ -6,8 +6,8 @@ Ray actor hosting this strategy spawns nothing at tensor parallel 1. ``ROLL_DS_V
 (``actor_infer.system_envs``) runs it as on GPU instead: the engine core and its workers in
 processes of their own (spawned from a Ray actor), every ``collective_rpc`` argument and result
 through vLLM's msgpack serializer, which is why everything sent to the workers is plain data
-(``roll_ds.weight_sync.wire``). The tensor-parallel size is
-the role's ``num_gpus_per_worker`` (devices per rollout worker: GPUs, or CPU slots on CPU).
+(``roll_ds.weight_sync.wire``). The tensor-parallel size is the role's ``num_gpus_per_worker``
+(devices per rollout worker: GPUs, or CPU slots on CPU).
 
 Executor. With tensor parallel > 1 vLLM would pick its Ray executor on its own, because the
 rollout actor sits in a placement group, and then wait forever for GPU bundles that roll_ds's
