@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from roll_ds.checkpoint import COMPLETE, LATEST
+from roll_ds.config.agentic import is_agentic
 from roll_ds.pipeline.eval_metrics import GREEDY_NAMES, LENGTH_NAMES, PREFIX, SAMPLED
 
 if TYPE_CHECKING:
@@ -146,12 +147,18 @@ def eval_config(cfg: RLVRConfig, model_dir: str | Path) -> RLVRConfig:
 def evaluate_model(cfg: RLVRConfig, model_dir: str | Path) -> tuple[dict[str, float], int]:
     """Start the rollout and reward roles on the model at ``model_dir`` and evaluate it as the
     training loop does; returns the metrics and the number of held-out prompts."""
+    from roll_ds.config.agentic import is_agentic
+    from roll_ds.pipeline.agentic import AgenticPipeline
     from roll_ds.pipeline.rlvr import RLVRPipeline
 
-    pipeline = RLVRPipeline(eval_config(cfg, model_dir))  # data read exactly as training reads it
+    agentic = is_agentic(cfg)
+    # data (or environments) read exactly as training reads them
+    pipeline = (AgenticPipeline if agentic else RLVRPipeline)(eval_config(cfg, model_dir))
     try:
         pipeline.start(eval_only=True)
-        return pipeline.evaluate(), len(pipeline.eval_rows)
+        metrics = pipeline.evaluate()
+        count = cfg.val_env_manager.num_env_groups * cfg.val_env_manager.group_size
+        return metrics, count if agentic else len(pipeline.eval_rows)
     finally:
         pipeline.shutdown()
 
@@ -194,9 +201,25 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+AGENTIC_COLUMNS = ("success", "turns_per_episode", "tool_calls", "tool_errors", "format_errors")
+
+
 def print_report(metrics: Mapping[str, float], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    if f"{PREFIX}/success" in metrics:  # agentic: held-out episodes per environment tag
+        table = Table(title=title.replace("prompts", "episodes"))
+        for name in ["environment", *AGENTIC_COLUMNS]:
+            table.add_column(name, justify="left" if name == "environment" else "right")
+        table.add_row("all", *[_fmt(metrics.get(f"{PREFIX}/{c}")) for c in AGENTIC_COLUMNS])
+        tags = sorted(
+            {k.split("/")[1] for k in metrics if k.count("/") == 2 and k.endswith("/success")}
+        )
+        for tag in tags:
+            table.add_row(tag, _fmt(metrics[f"{PREFIX}/{tag}/success"]), *["-"] * 4)
+        Console().print(table)
+        return
 
     columns, rows = table_rows(metrics)
     table = Table(title=title)
@@ -238,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         checkpoint, overrides = split_checkpoint_arg(args.overrides)
         cfg = _load_config(args.config_name, overrides, args.config_dir)
-        if not cfg.validation.data_args.file_name:
+        if not cfg.validation.data_args.file_name and not is_agentic(cfg):
             raise ValueError(
                 "validation.data_args.file_name: empty; list the held-out data files to "
                 "evaluate on (as for eval_steps in training)"

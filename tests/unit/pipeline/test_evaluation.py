@@ -360,3 +360,22 @@ def test_report_tables():
         ["math", "0.25", "0.25", "0.125", "0.125", "0.25", "0.5"],
     ]
     assert length_rows(metrics) == [["greedy", "3.5", "3", "6", "8", "0.125"]]
+
+
+def test_agentic_report_shows_success_per_environment(capsys):
+    from roll_ds.evaluate import print_report
+
+    metrics = {
+        "eval/success": 0.5,
+        "eval/turns_per_episode": 3.0,
+        "eval/tool_calls": 0.25,
+        "eval/tool_errors": 0.0,
+        "eval/format_errors": 0.0,
+        "eval/GuessNumber/success": 0.75,
+        "eval/Calculator/success": 0.25,
+    }
+    print_report(metrics, "step 10: 8 held-out prompts")
+    out = capsys.readouterr().out
+    assert "8 held-out episodes" in out
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│")}
+    assert "0.5" in rows["all"] and "0.75" in rows["GuessNumber"] and "0.25" in rows["Calculator"]
