@@ -13,7 +13,9 @@ to get GSPO's per-sequence objective exactly.
 
 Truncated importance sampling (TIS) corrects for the rollout engine (vLLM) sampling from a
 slightly different distribution than the trainer's old policy: multiply the per-token loss by
-``tis_weights(old_logprobs_BT, rollout_logprobs_BT, cap)``.
+``tis_weights(old_logprobs_BT, rollout_logprobs_BT, cap)`` (``is_weights_BT``). The other
+corrections (sequence TIS, IcePop, the geometric-mean mask) are in ``corrections.py``;
+``rollout_mismatch_metrics`` measures the gap they correct for.
 """
 
 from __future__ import annotations
