@@ -33,6 +33,8 @@ RATIO_LEVELS = ("token", "sequence")  # = roll_ds.algorithms.policy_loss.RATIO_L
 LR_SCHEDULES = ("constant", "linear", "cosine")  # = strategies._common.SCHEDULES
 TEMPLATES = ("raw", "chat")  # roll_ds.data.prompts.prompt_token_ids
 OLD_LOGPROBS = ("recompute", "rollout", "auto")  # roll_ds.pipeline.rlvr
+# = roll_ds.algorithms.corrections.CORRECTIONS
+ROLLOUT_CORRECTIONS = ("geo_mask", "icepop", "seq_tis", "token_tis")
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,16 @@ ALGORITHM: dict[str, Rule] = {
     "kl_coef": Range(low=0, note="0: no KL to the reference"),
     "entropy_coef": Range(low=0, note="0: no entropy bonus"),
     "max_resample_rounds": Range(low=1, note="1: no resampling"),
-    "tis_cap": Range(low=0, low_open=True, null="no TIS correction"),
+    "rollout_correction": OneOf((None, *ROLLOUT_CORRECTIONS)),
+    "tis_cap": Range(
+        low=0,
+        low_open=True,
+        null="2.0 with token_tis, seq_tis or async_generation; else no correction",
+    ),
+    "correction_low": Range(
+        low=0, high=1, low_open=True, high_open=True, null="the rollout correction's default"
+    ),
+    "correction_high": Range(low=1, low_open=True, null="the rollout correction's default"),
     "overlong_buffer_len": Range(low=0, note="0: no overlong penalty"),
     "overlong_penalty_factor": Range(low=0),
     "old_logprobs": OneOf(OLD_LOGPROBS),

@@ -231,9 +231,21 @@ class AlgorithmConfig:
     # Drop truncated responses (finish reason "length") from the loss only; rewards, advantages
     # and the critic still see them.
     mask_truncated: bool = False
-    # Truncated importance sampling, min(pi_old / pi_rollout, tis_cap) per token; null: none in
-    # the synchronous loop, 2.0 under async_generation (its off-policy correction).
+    # Off-policy correction for the rollout engine sampling from another policy than the
+    # trainer's old one (numerics; async batches), by name (roll_ds/algorithms/corrections.py),
+    # with rho_t = pi_old / pi_rollout per token: token_tis min(rho_t, tis_cap) | seq_tis
+    # min(prod_t rho_t, tis_cap) per sequence | icepop rho_t, or 0 outside [correction_low,
+    # correction_high] | geo_mask 0 for a sequence whose geometric mean of rho_t is outside
+    # [correction_low, correction_high], else 1. Masked tokens stay in the loss's denominator.
+    # null: token_tis where tis_cap is set (it is 2.0 under async_generation), else none.
+    rollout_correction: str | None = None
+    # token_tis / seq_tis weight cap; null: 2.0 where they are named (and under async_generation),
+    # no correction where rollout_correction is null too.
     tis_cap: float | None = None
+    # icepop / geo_mask: the kept region, 0 < low < 1 < high; null: icepop 0.5 / 5.0 (Ring-1T),
+    # geo_mask 0.999 / 1.001.
+    correction_low: float | None = None
+    correction_high: float | None = None
     # DAPO soft overlong punishment: a response within the last overlong_buffer_len tokens of
     # response_length loses up to overlong_penalty_factor of its score, linearly. 0: off.
     overlong_buffer_len: int = 0

@@ -10,7 +10,9 @@ Both normalize over the whole optimizer-step mini-batch: the strategy sums
 data-parallel ranks, and passes the result as ``norm`` (``algorithms.aggregation.MiniBatchNorm``).
 The actor's loss reads ``loss_mask`` (the response mask less truncated rows under
 ``mask_truncated``); the critic's reads ``response_mask`` (it keeps learning truncated rows'
-values).
+values). The actor's per-token policy-gradient loss is weighted by the rollout correction
+(``algorithm.rollout_correction``, ``algorithms.corrections``); tokens it masks get weight 0 and
+still count in the mini-batch counts.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any
 import torch
 
 from roll_ds.algorithms.aggregation import MiniBatchNorm, aggregate_loss, mini_batch_counts
+from roll_ds.algorithms.corrections import Correction, CorrectionParams, rollout_correction
 from roll_ds.algorithms.kl import kl_loss
-from roll_ds.algorithms.policy_loss import ppo_policy_loss, tis_weights
+from roll_ds.algorithms.policy_loss import ppo_policy_loss
 from roll_ds.algorithms.value_loss import value_loss
 from roll_ds.config.schema import AlgorithmConfig
 
@@ -53,7 +56,11 @@ class PolicyLoss:
     kl_coef: float  # > 0 with use_kl_loss: KL to the reference as a loss term
     kl_estimator: str
     entropy_coef: float
-    tis_cap: float | None
+    tis_cap: float | None  # token_tis / seq_tis cap; alone: token_tis (the pre-registry TIS)
+    # A name in algorithms.corrections.CORRECTIONS; None: token_tis where tis_cap is set.
+    rollout_correction: str | None = None
+    correction_low: float | None = None  # icepop / geo_mask bounds; None: the correction's
+    correction_high: float | None = None
     norm_constant: float | None = None  # seq-mean-token-sum-norm: the response length budget
 
     @classmethod
@@ -70,8 +77,18 @@ class PolicyLoss:
             kl_estimator=algo.kl_estimator,
             entropy_coef=algo.entropy_coef,
             tis_cap=algo.tis_cap,
+            rollout_correction=algo.rollout_correction,
+            correction_low=algo.correction_low,
+            correction_high=algo.correction_high,
             norm_constant=float(response_length),
         )
+
+    @property
+    def correction(self) -> str | None:
+        """The rollout correction this loss applies (None: none)."""
+        if self.rollout_correction is not None:
+            return self.rollout_correction
+        return "token_tis" if self.tis_cap is not None else None
 
     @property
     def needs_entropy(self) -> bool:
@@ -95,11 +112,7 @@ class PolicyLoss:
         mask_BT = _loss_mask(batch)
         denominator = norm.denominator(self.agg_mode) if norm is not None else None
         scale = norm.scale if norm is not None else 1.0
-        weights_BT = None
-        if self.tis_cap is not None:
-            weights_BT = tis_weights(
-                batch["old_logprobs"], batch["rollout_logprobs"], self.tis_cap, mask_BT
-            )
+        correction = self._rollout_correction(batch, mask_BT)
         loss, metrics = ppo_policy_loss(
             logprobs_BT,
             batch["old_logprobs"],
@@ -114,11 +127,13 @@ class PolicyLoss:
             agg_mode=self.agg_mode,
             norm_constant=self.norm_constant,
             denominator=denominator,
-            is_weights_BT=weights_BT,
+            is_weights_BT=correction.weights_BT if correction is not None else None,
         )
         out = {f"actor/{k}": float(v) for k, v in metrics.items()}
-        if weights_BT is not None:  # how much TIS reweights the rollout (1: on-policy)
-            out["actor/tis_weight_mean"] = _masked_mean(weights_BT, mask_BT)
+        if correction is not None:  # how much it reweights / masks the rollout (on-policy: 1 / 0)
+            out |= {f"actor/correction_{k}": float(v) for k, v in correction.metrics.items()}
+            if self.correction == "token_tis":  # its name before the registry
+                out["actor/tis_weight_mean"] = out["actor/correction_weight_mean"]
         out["actor/pg_loss"] = float(loss.detach()) * scale
         if self.kl_coef > 0:
             kl = self._kl_to_reference(logprobs_BT, batch["ref_logprobs"], mask_BT, denominator)
@@ -136,6 +151,20 @@ class PolicyLoss:
             if self.entropy_coef:
                 loss = loss - self.entropy_coef * entropy
         return loss * scale, out
+
+    def _rollout_correction(
+        self, batch: dict[str, Any], mask_BT: torch.Tensor
+    ) -> Correction | None:
+        """Weights on the per-token policy loss for pi_rollout != pi_old (None: no correction).
+        Masked tokens get weight 0 and stay in the denominator (``mini_batch_counts``)."""
+        if self.correction is None:
+            return None
+        params = CorrectionParams(
+            cap=self.tis_cap, low=self.correction_low, high=self.correction_high
+        )
+        return rollout_correction(
+            self.correction, batch["old_logprobs"], batch["rollout_logprobs"], mask_BT, params
+        )
 
     def _kl_to_reference(
         self,
@@ -210,7 +239,3 @@ class ValueLoss:
 def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
     """The actor's loss mask: ``loss_mask`` where the pipeline set one, else the response mask."""
     return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
-
-
-def _masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
-    return float((values_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1))

@@ -364,7 +364,8 @@ def test_zero_micro_batch_is_one_clear_problem():
         ),
         (
             "algorithm.tis_cap=0",
-            "algorithm.tis_cap: must be > 0 (or null: no TIS correction), got 0.0",
+            "algorithm.tis_cap: must be > 0 (or null: 2.0 with token_tis, seq_tis or "
+            "async_generation; else no correction), got 0.0",
         ),
         (
             "algorithm.overlong_buffer_len=-1",
@@ -409,6 +410,7 @@ def test_field_ranges(override, expected):
 
 def test_name_lists_match_their_registries():
     from roll_ds.algorithms.aggregation import AGG_MODES
+    from roll_ds.algorithms.corrections import CORRECTIONS
     from roll_ds.algorithms.kl import KL_ESTIMATORS
     from roll_ds.algorithms.policy_loss import RATIO_LEVELS
     from roll_ds.config import ranges
@@ -417,6 +419,7 @@ def test_name_lists_match_their_registries():
     assert sorted(ranges.LOSS_AGG_MODES) == AGG_MODES.names()
     assert sorted(ranges.KL_ESTIMATORS) == KL_ESTIMATORS.names()
     assert ranges.RATIO_LEVELS == RATIO_LEVELS
+    assert list(ranges.ROLLOUT_CORRECTIONS) == CORRECTIONS.names()
     assert ranges.LR_SCHEDULES == SCHEDULES
 
 
