@@ -86,6 +86,7 @@ def _loss_warnings(algo: AlgorithmConfig) -> list[str]:
         for option in unused.get(level, ())
         if _changed(algo, option)
     ]
+    warnings += _correction_warnings(algo)
     if algo.overlong_buffer_len == 0 and _changed(algo, "overlong_penalty_factor"):
         warnings.append(
             f"algorithm.overlong_penalty_factor={algo.overlong_penalty_factor} has no effect "
@@ -93,6 +94,31 @@ def _loss_warnings(algo: AlgorithmConfig) -> list[str]:
             "before response_length where the penalty starts"
         )
     return warnings
+
+
+# Which rollout corrections read which bounds (roll_ds/algorithms/corrections.py)
+CORRECTION_BOUNDS = {
+    "token_tis": ("tis_cap",),
+    "seq_tis": ("tis_cap",),
+    "icepop": ("correction_low", "correction_high"),
+    "geo_mask": ("correction_low", "correction_high"),
+}
+
+
+def _correction_warnings(algo: AlgorithmConfig) -> list[str]:
+    """Bounds that the chosen rollout correction does not read."""
+    name = algo.rollout_correction
+    if name is None:  # tis_cap alone selects token_tis; the low / high bounds are unread
+        used: tuple[str, ...] = ("tis_cap",)
+    else:
+        used = CORRECTION_BOUNDS.get(name, ())
+    return [
+        f"algorithm.{option}={getattr(algo, option)} has no effect with rollout_correction "
+        f"{name!r}; it is read by "
+        + ", ".join(n for n, bounds in CORRECTION_BOUNDS.items() if option in bounds)
+        for option in ("tis_cap", "correction_low", "correction_high")
+        if option not in used and getattr(algo, option) is not None
+    ]
 
 
 def _kl_warnings(cfg: RLVRConfig) -> list[str]:

@@ -159,3 +159,15 @@ def test_settings_of_switched_off_features():
     assert warnings_for("weight_sync.parity_check=false", "weight_sync.parity_probe_size=8") == [
         "weight_sync.parity_probe_size=8 has no effect while weight_sync.parity_check is false"
     ]
+
+
+def test_correction_bounds_the_chosen_correction_does_not_read():
+    assert warnings_for("algorithm.rollout_correction=icepop", "algorithm.tis_cap=3.0") == [
+        "algorithm.tis_cap=3.0 has no effect with rollout_correction 'icepop'; it is read by "
+        "token_tis, seq_tis"
+    ]
+    assert warnings_for("algorithm.correction_high=2.0") == [
+        "algorithm.correction_high=2.0 has no effect with rollout_correction None; it is read "
+        "by icepop, geo_mask"
+    ]
+    assert warnings_for("algorithm.rollout_correction=seq_tis", "algorithm.tis_cap=3.0") == []
