@@ -21,7 +21,7 @@ vLLM log records (``quiet_vllm``, once vllm is imported):
 - "Using None for EOS token id because tokenizer is not initialized": roll_ds passes the stop
   token ids with every request.
 - "This model does not officially support disabling chunked prefill": roll_ds turns chunked
-  prefill off on CPU, where it crashes seeded sampling (``strategies/vllm_start.py``);
+  prefill off on CPU, where it crashes seeded sampling (``strategies/vllm/start.py``);
   ``tests/integration/test_vllm_long_prompts.py`` checks the outputs against an HF forward.
 
 ``VLLM_LOGGING_LEVEL`` defaults to WARNING in rollout workers (``vllm_log_env``), so vLLM's

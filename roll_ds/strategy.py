@@ -74,11 +74,11 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
     ),
     "hf_infer": StrategySpec("strategies.hf_infer:HfInferStrategy", trains=False, generates=True),
     "vllm": StrategySpec(
-        "strategies.vllm:VllmStrategy",
+        "strategies.vllm.strategy:VllmStrategy",
         trains=False,
         generates=True,
-        role_checks="strategies.vllm_checks:strategy_config_problems",
-        rollout_checks="strategies.vllm_checks:rollout_problems",
+        role_checks="strategies.vllm.config_checks:strategy_config_problems",
+        rollout_checks="strategies.vllm.config_checks:rollout_problems",
     ),
 }
 

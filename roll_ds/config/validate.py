@@ -8,7 +8,7 @@ check from the components that own it, in this order:
     roll_ds/config/checks/      fields, each role (strategy, devices, LoRA targets), roles against
                                 each other, lengths, algorithm, async, paths
     roll_ds/strategy.py         each backend's own checks, by name (``StrategySpec.role_checks``,
-                                ``rollout_checks``: strategies/vllm_checks.py,
+                                ``rollout_checks``: strategies/vllm/config_checks.py,
                                 strategies/deepspeed/config_checks.py)
     roll_ds/distributed/role_placement.py   each role's devices and world size
     roll_ds/rewards/config_checks.py, roll_ds/weight_sync/config_checks.py and select.py,

@@ -11,7 +11,7 @@ bucket k while rank 0 gathers bucket k+1. How the buffer itself travels is the *
 (``PLANES``): a broadcast here, CUDA IPC in ``cuda_ipc.py`` (same header protocol).
 
 ``GroupMember`` is one process's seat in the group with its plane: the sender's, a receiver in
-the rollout worker's own process, or one per vLLM worker (``strategies.vllm_worker_ext``).
+the rollout worker's own process, or one per vLLM worker (``strategies.vllm.worker_ext``).
 ``CollectiveSender`` / ``CollectiveReceiver`` are the transport's worker-side ends; the receiver
 lets an engine whose workers receive themselves (``receives_in_engine_workers``) join and
 receive, and otherwise seats one member in its own process that feeds ``load_weights``.

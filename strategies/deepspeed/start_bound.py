@@ -2,7 +2,7 @@
 
 A rank whose peer died or never arrived waits in the default group's rendezvous or in a ZeRO
 collective (ZeRO-3 partitioning broadcasts at ``initialize``) for the group's own timeout (30
-min by default), silently. vLLM's start has a bound (``strategies.vllm_start``); this is the
+min by default), silently. vLLM's start has a bound (``strategies.vllm.start``); this is the
 trainer's: past ``timeout_s`` a watchdog
 
 1. raises ``TimeoutError`` in the starting thread (it surfaces as soon as that thread runs Python

@@ -41,8 +41,8 @@ def test_no_core_module_imports_strategies():
 
 
 def test_the_check_sees_function_level_imports(tmp_path):
-    source = "import os\n\n\ndef f():\n    from strategies.vllm import OWNED_KWARGS\n"
+    source = "import os\n\n\ndef f():\n    from strategies.vllm.strategy import OWNED_KWARGS\n"
     (tmp_path / "m.py").write_text(source)
     assert backend_imports(tmp_path / "m.py", root=tmp_path) == [
-        "m:5  from strategies.vllm import OWNED_KWARGS"
+        "m:5  from strategies.vllm.strategy import OWNED_KWARGS"
     ]

@@ -8,7 +8,7 @@
     lengths.py   generation lengths against response_length and the rollout engine's context
 
 Components check their own sections beside their code (``*_problems`` / ``*_checks``): the
-backends through ``roll_ds.strategy.STRATEGY_SPECS`` (``strategies/vllm_checks.py``,
+backends through ``roll_ds.strategy.STRATEGY_SPECS`` (``strategies/vllm/config_checks.py``,
 ``strategies/deepspeed/config_checks.py``), rewards (``roll_ds/rewards/config_checks.py``), weight
 sync (``roll_ds/weight_sync/config_checks.py``, ``select.py``), data, colocation, evaluation,
 platform. No torch, Ray, DeepSpeed or vLLM is imported here.

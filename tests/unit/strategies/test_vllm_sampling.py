@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from strategies import vllm_worker_ext as ext
-from strategies.vllm import CPU_KV_CACHE_BYTES, WORKER_EXTENSION, llm_kwargs
-from strategies.vllm_requests import (
+from strategies.vllm import worker_ext as ext
+from strategies.vllm.requests import (
     parse_request_outputs,
     request_seed,
     sampling_kwargs,
     unpadded_rows,
 )
+from strategies.vllm.strategy import CPU_KV_CACHE_BYTES, WORKER_EXTENSION, llm_kwargs
 
 # --------------------------------------------------------------------------------------------
 # fakes shaped like vLLM's RequestOutput / CompletionOutput / Logprob

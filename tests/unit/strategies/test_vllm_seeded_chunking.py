@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from roll_ds.config import ConfigError, load_config
-from strategies.vllm import llm_kwargs
-from strategies.vllm_start import CHUNKING_CRASH, seeded_chunking_problem
+from strategies.vllm.start import CHUNKING_CRASH, seeded_chunking_problem
+from strategies.vllm.strategy import llm_kwargs
 
 
 def engine_kwargs(user=None, *, is_cuda=False):

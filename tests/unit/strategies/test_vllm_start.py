@@ -1,4 +1,4 @@
-"""Starting vLLM safely (``strategies.vllm_start``, the executor choice in ``llm_kwargs``) and the
+"""Starting vLLM safely (``strategies.vllm.start``, the executor choice in ``llm_kwargs``) and the
 NCCL group's error mode (``roll_ds.weight_sync.group``): no engine is started."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import tomllib
 
 from roll_ds.weight_sync.group import NCCL_BLOCKING_ENV, scoped_env
-from strategies.vllm_start import (
+from strategies.vllm.start import (
     START_TIMEOUT_ENV,
     bounded_start,
     version_problems,
@@ -46,13 +46,13 @@ def test_version_gate(version, ok):
 
 def test_the_installed_vllm_has_every_api_the_strategy_uses():
     pytest.importorskip("vllm")
-    from strategies.vllm_start import vllm_api_problems
+    from strategies.vllm.start import vllm_api_problems
 
     assert vllm_api_problems() == []
 
 
 def test_tensor_parallel_names_the_mp_executor_and_users_cannot_override_it():
-    from strategies.vllm import llm_kwargs
+    from strategies.vllm.strategy import llm_kwargs
 
     def kwargs(tp, user=None):
         return llm_kwargs(model_path="/m", dtype="bf16", seed=0, tensor_parallel_size=tp,

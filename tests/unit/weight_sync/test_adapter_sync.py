@@ -18,7 +18,7 @@ from roll_ds.weight_sync.adapter import (
     check_lora_sync,
     write_adapter,
 )
-from strategies.vllm import llm_kwargs, vllm_lora_rank
+from strategies.vllm.strategy import llm_kwargs, vllm_lora_rank
 
 
 def lora_model(model_dir: str, seed: int):

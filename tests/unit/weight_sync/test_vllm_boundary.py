@@ -28,7 +28,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder, UtilityResult  
 
 from roll_ds.weight_sync.group import GroupSpec  # noqa: E402
 from strategies.vllm import VllmStrategy  # noqa: E402
-from strategies.vllm_worker_ext import RollDsWorkerExtension  # noqa: E402
+from strategies.vllm.worker_ext import RollDsWorkerExtension  # noqa: E402
 
 
 def across_the_boundary(method: str, args: tuple) -> tuple:

@@ -1,6 +1,6 @@
 """The vllm backend's own config checks, reached by ``roll_ds.config.validate`` through its
 ``StrategySpec`` (``role_checks``, ``rollout_checks``). Light: no vLLM or torch import
-(``strategies.vllm`` imports neither at module level)."""
+(``strategies.vllm.strategy`` imports neither at module level)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from roll_ds.config.checks.lengths import longest_sequence
 from roll_ds.config.schema import RLVRConfig, WorkerConfig
-from strategies.vllm import OWNED_KWARGS
-from strategies.vllm_start import seeded_chunking_problem
+from strategies.vllm.start import seeded_chunking_problem
+from strategies.vllm.strategy import OWNED_KWARGS
 
 if TYPE_CHECKING:
     from roll_ds.distributed.role_placement import RolePlacement
@@ -45,7 +45,7 @@ def rollout_problems(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
 
 def seeded_sampling_problems(cfg: RLVRConfig) -> list[str]:
     """On a CPU cluster (``device: cpu``), no vllm role's strategy_config may let vLLM split a
-    prompt over scheduler steps: seeded sampling then crashes (``strategies/vllm_start.py``).
+    prompt over scheduler steps: seeded sampling then crashes (``strategies/vllm/start.py``).
     Under ``device: auto`` the engine refuses the same settings when it starts on CPU."""
     # here, not at the top: roll_ds.distributed.role_placement imports roll_ds.config
     from roll_ds.distributed.role_placement import role_configs

@@ -5,7 +5,7 @@ Version. The strategy reloads weights through vLLM's layer-wise in-place reload
 (``model_runner.reload_weights(weights_iterator=...)``, ``vllm.model_executor.model_loader.reload``,
 added by vLLM PR #32133 in early 2026 and reworked in later releases: the loader's helpers were
 renamed between 0.18 and 0.19), turns that loader's warnings into errors
-(``strategies.vllm_worker_ext``), tells an in-process engine by
+(``strategies.vllm.worker_ext``), tells an in-process engine by
 ``vllm.v1.executor.uniproc_executor.UniProcExecutor``, and uses ``sleep``/``wake_up(tags=...)``.
 Releases before the layer-wise reload (``vllm>=0.11`` allowed them) fail at the first sync:
 ``reload_weights`` takes no iterator there, and a plain ``load_weights`` misses the post-load

@@ -19,7 +19,7 @@ and ``initialize`` raises naming the limit, instead of hanging the pipeline's st
 
 Version. The weight reload needs vLLM's layer-wise in-place reload; the code is written and tested
 against the 0.32 line, which the ``gpu`` extra pins, and the installed vLLM is checked at engine
-start (``strategies.vllm_start``, which also bounds the start).
+start (``strategies.vllm.start``, which also bounds the start).
 
 Prompts and responses are token ids (the engine is started with ``skip_tokenizer_init=True``
 unless ``strategy_config`` says otherwise), so stop tokens are explicit: pass the tokenizer's
@@ -59,14 +59,14 @@ from roll_ds.platform import current_platform, vllm_multiproc
 from roll_ds.strategy import StrategyContext
 from roll_ds.weight_sync.adapter import AdapterVersions, write_adapter
 from roll_ds.weight_sync.wire import adapter_to_wire, seats_to_wire, tensors_to_wire
-from strategies.vllm_requests import (
+from strategies.vllm.requests import (
     parse_request_outputs,
     request_seed,
     sampled_logprobs,
     sampling_kwargs,
     unpadded_rows,
 )
-from strategies.vllm_start import (
+from strategies.vllm.start import (
     START_TIMEOUT_ENV,
     START_TIMEOUT_S,
     bounded_start,
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-WORKER_EXTENSION = "strategies.vllm_worker_ext.RollDsWorkerExtension"  # vLLM qualname form
+WORKER_EXTENSION = "strategies.vllm.worker_ext.RollDsWorkerExtension"  # vLLM qualname form
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # KV cache reserved on CPU when strategy_config sets neither size: vLLM's default reserves 92 %
 # of the NUMA node's memory (gpu_memory_utilization) and refuses to start on a shared box.
@@ -136,7 +136,7 @@ def llm_kwargs(
         kwargs["enable_sleep_mode"] = True  # offload_states / reload_states
     elif "gpu_memory_utilization" not in user:
         kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-    if not is_cuda:  # no chunked prefill: it crashes seeded sampling on CPU (vllm_start.py)
+    if not is_cuda:  # no chunked prefill: it crashes seeded sampling on CPU (start.py)
         kwargs.update(cpu_scheduler_kwargs(user))
     kwargs.update(user)
     if kwargs["logprobs_mode"] != "processed_logprobs":
@@ -424,7 +424,7 @@ class VllmStrategy:
             )
 
     # group transports: every vLLM worker is a member of the weight-sync group and receives
-    # itself, through RollDsWorkerExtension (strategies/vllm_worker_ext.py)
+    # itself, through RollDsWorkerExtension (strategies/vllm/worker_ext.py)
 
     def transfer_group_devices(self) -> list[str | None]:
         """One member per vLLM worker (in TP-rank order): the UUID of the GPU it runs on

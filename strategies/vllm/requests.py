@@ -1,7 +1,7 @@
 """Translation between roll_ds's token-id batches and vLLM's request / response objects: sampling
 parameters, per-prompt seeds, parsing ``RequestOutput``s, un-padding probe rows. Pure (no vLLM
-import), unit-tested with fakes shaped like vLLM's outputs; ``strategies/vllm.py`` drives the
-engine with them. The seed scheme is described in that module's docstring.
+import), unit-tested with fakes shaped like vLLM's outputs; ``strategies/vllm/strategy.py``
+drives the engine with them. The seed scheme is described in that module's docstring.
 """
 
 from __future__ import annotations
