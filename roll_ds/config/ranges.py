@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from roll_ds.config.schema import DTYPES
-from roll_ds.models.loading import ATTN_IMPLEMENTATIONS
+from roll_ds.config.schema import ATTN_IMPLEMENTATIONS, DTYPES
 
 # = roll_ds.algorithms.aggregation.AGG_MODES
 LOSS_AGG_MODES = (

@@ -27,6 +27,8 @@ EMBEDDED_AGENT = "embedded:tiny-agent"
 policy warmed up on episodes of the shipped environments, with a chat template."""
 
 DTYPES = ("fp32", "bf16", "fp16")
+# model_args.attn_implementation -> the name transformers reads (roll_ds/models/loading.py)
+ATTN_IMPLEMENTATIONS = {None: None, "eager": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
 
 
 @dataclass

@@ -1,8 +1,6 @@
-"""Model resolution: a local HF directory, or the embedded tiny Qwen2 built on first use.
+"""Models: loading a role's HF model (``loading``), the value / reward heads, LoRA, weights, and
+the embedded tiny models (``embedded``, ``embedded_rm``, ``embedded_agent``) found by name through
+``loading.EMBEDDED_MODELS``.
 
 Importing this package is light (no torch / transformers); they load when a model is built.
 """
-
-from roll_ds.models.embedded import EMBEDDED_MODEL, resolve_pretrain
-
-__all__ = ["EMBEDDED_MODEL", "resolve_pretrain"]

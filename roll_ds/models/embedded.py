@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from roll_ds.config.schema import EMBEDDED_AGENT, EMBEDDED_MODEL, EMBEDDED_RM
+from roll_ds.config.schema import EMBEDDED_MODEL
 from roll_ds.data.synthetic import DOMAINS, TaskSpec, generate_domain, to_jsonl
+from roll_ds.models.loading import EMBEDDED_MODELS
 from roll_ds.models.tiny import TinyQwen2Spec
 
 if TYPE_CHECKING:
@@ -115,14 +116,9 @@ def resolve_pretrain(
     else a build under ``<cache>/models/`` (made once, then reused); a local path is returned
     unchanged; anything else fails, since no model hub is reachable.
     """
-    if pretrain == EMBEDDED_RM:  # the embedded reward model (roll_ds/models/embedded_rm.py)
-        from roll_ds.models.embedded_rm import resolve_reward_model
-
-        return resolve_reward_model(cache_dir)
-    if pretrain == EMBEDDED_AGENT:  # the embedded agent model (roll_ds/models/embedded_agent.py)
-        from roll_ds.models.embedded_agent import resolve_agent_model
-
-        return resolve_agent_model(cache_dir)
+    if pretrain != EMBEDDED_MODEL and pretrain in EMBEDDED_MODELS:
+        # the embedded reward model, the embedded agent: each module builds its own, by name
+        return EMBEDDED_MODELS.get(pretrain)(cache_dir)
     if pretrain == EMBEDDED_MODEL:
         digest = recipe.digest()
         shipped = shipped_digest()
@@ -148,6 +144,11 @@ def resolve_pretrain(
         "No model hub is reachable from this environment: download the model elsewhere and set "
         f"`pretrain` to its local directory, or use pretrain={EMBEDDED_MODEL!r}."
     )
+
+
+def resolve_policy_model(cache_dir: str | None = None) -> str:
+    """The embedded policy's directory (``EMBEDDED_MODELS[EMBEDDED_MODEL]``)."""
+    return resolve_pretrain(EMBEDDED_MODEL, cache_dir)
 
 
 def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:

@@ -69,21 +69,16 @@ KNOWN: frozenset[tuple[str, str]] = frozenset(
         ("roll_ds.config.checks.roles", "roll_ds.distributed.role_placement"),
         ("roll_ds.config.checks.roles", "roll_ds.rewards.config_checks"),
         ("roll_ds.config.checks.roles", "roll_ds.strategy"),
-        ("roll_ds.config.ranges", "roll_ds.models.loading"),
         ("roll_ds.config.validate", "roll_ds.agentic.config_checks"),
         ("roll_ds.config.validate", "roll_ds.data.sources"),
         ("roll_ds.config.validate", "roll_ds.distributed.role_placement"),
         ("roll_ds.config.validate", "roll_ds.pipeline.colocation"),
         ("roll_ds.config.validate", "roll_ds.pipeline.eval_metrics"),
         ("roll_ds.config.validate", "roll_ds.weight_sync.select"),
-        ("roll_ds.models", "roll_ds.models.embedded"),
-        ("roll_ds.models.loading", "roll_ds.models.embedded"),
         ("roll_ds.pipeline.rlvr", "roll_ds.export"),
         ("roll_ds.pipeline.save_resume", "roll_ds.export"),
         ("roll_ds.strategy", "roll_ds.weight_sync.endpoint"),
         ("roll_ds.distributed.resource_manager", "roll_ds.weight_sync.select"),
-        ("roll_ds.models.embedded", "roll_ds.models.embedded_rm"),
-        ("roll_ds.models.embedded", "roll_ds.models.embedded_agent"),
     }
 )
 
