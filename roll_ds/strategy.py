@@ -13,31 +13,19 @@ Adding a backend: a module under ``strategies/`` with a class implementing ``Tra
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from roll_ds.registry import Registry
+# The registry lives in the config layer (validation reads it); re-exported here.
+from roll_ds.config.strategies import STRATEGIES as STRATEGIES
+from roll_ds.config.strategies import STRATEGY_SPECS as STRATEGY_SPECS
+from roll_ds.config.strategies import StrategySpec as StrategySpec
+from roll_ds.config.strategies import load_hook as load_hook
 from roll_ds.weight_sync.endpoint import WeightReceiver, WeightSource
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass(frozen=True)
-class StrategySpec:
-    """What a backend can do, known without importing it."""
-
-    target: str  # "module:Class"
-    trains: bool  # implements TrainStrategy
-    generates: bool  # implements generate()
-    # "module:function", called as f(name, role, where) -> list[str]: problems of a role's
-    # strategy_args (``where``: its ``roll_ds.distributed.role_placement.RolePlacement`` or None).
-    role_checks: str | None = None
-    # "module:function", called as f(cfg, *, check_files) -> list[str] when the backend is
-    # actor_infer's: the pipeline's lengths against the rollout engine's context.
-    rollout_checks: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,42 +43,6 @@ class StrategyContext:
     # weight_sync.lora_sync=adapter: the policy's LoRA rank (rollout engines start with LoRA
     # support and serve base + the synced adapter); None: syncs carry merged full weights.
     adapter_sync_rank: int | None = None
-
-
-_DEEPSPEED_CHECKS = "strategies.deepspeed.config_checks:strategy_config_problems"
-
-STRATEGY_SPECS: dict[str, StrategySpec] = {
-    "deepspeed_train": StrategySpec(
-        "strategies.deepspeed.train:DeepSpeedTrainStrategy",
-        trains=True,
-        generates=False,
-        role_checks=_DEEPSPEED_CHECKS,
-    ),
-    "deepspeed_infer": StrategySpec(
-        "strategies.deepspeed.infer:DeepSpeedInferStrategy",
-        trains=False,
-        generates=False,
-        role_checks=_DEEPSPEED_CHECKS,
-    ),
-    "hf_infer": StrategySpec("strategies.hf_infer:HfInferStrategy", trains=False, generates=True),
-    "vllm": StrategySpec(
-        "strategies.vllm.strategy:VllmStrategy",
-        trains=False,
-        generates=True,
-        role_checks="strategies.vllm.config_checks:strategy_config_problems",
-        rollout_checks="strategies.vllm.config_checks:rollout_problems",
-    ),
-}
-
-STRATEGIES: Registry[type] = Registry("strategy_name")
-for _name, _spec in STRATEGY_SPECS.items():
-    STRATEGIES.register_lazy(_name, _spec.target)
-
-
-def load_hook(target: str) -> Callable[..., list[str]]:
-    """The function a spec's ``"module:function"`` hook names (imported on first use)."""
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
 
 
 @runtime_checkable

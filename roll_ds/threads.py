@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from roll_ds.config.role_placement import placement, role_configs
 from roll_ds.config.schema import RLVRConfig
-from roll_ds.distributed.role_placement import placement, role_configs
 
 if TYPE_CHECKING:
     from roll_ds.distributed.placement import PlacementPlan

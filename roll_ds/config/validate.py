@@ -7,12 +7,18 @@ check from the components that own it, in this order:
 
     roll_ds/config/checks/      fields, each role (strategy, devices, LoRA targets), roles against
                                 each other, lengths, algorithm, async, paths
-    roll_ds/strategy.py         each backend's own checks, by name (``StrategySpec.role_checks``,
-                                ``rollout_checks``: strategies/vllm/config_checks.py,
-                                strategies/deepspeed/config_checks.py)
-    roll_ds/distributed/role_placement.py   each role's devices and world size
-    roll_ds/rewards/config_checks.py, roll_ds/weight_sync/config_checks.py and select.py,
-    roll_ds/pipeline/colocation.py, eval_metrics.py, roll_ds/platform.py, roll_ds/data/sources.py
+    roll_ds/config/strategies.py    each backend's own checks, by name
+                                (``StrategySpec.role_checks``, ``rollout_checks``:
+                                strategies/vllm/config_checks.py, deepspeed/config_checks.py)
+    roll_ds/config/role_placement.py    each role's devices and world size
+    roll_ds/platform.py         the device
+    roll_ds/config/checks/components.py    the components' own checks, by name: rewards/
+                                config_checks.py, weight_sync/config_checks.py and select.py,
+                                pipeline/colocation.py and eval_metrics.py, agentic/
+                                config_checks.py, data/sources.py
+
+``roll_ds/config/`` imports none of the components it collects from (they sit above it and import
+the schema): each is named by ``"module:function"`` and imported when ``validate`` first runs.
 
 Settings that are valid but have no effect (``no_effect.config_warnings``) are logged as warnings.
 """
@@ -26,8 +32,8 @@ from dataclasses import fields, is_dataclass
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from roll_ds.agentic.config_checks import agentic_problems
 from roll_ds.config.agentic import is_agentic
+from roll_ds.config.checks.components import component_problems
 from roll_ds.config.checks.fields import pipeline_field_problems
 from roll_ds.config.checks.lengths import length_problems
 from roll_ds.config.checks.pipeline import (
@@ -40,12 +46,9 @@ from roll_ds.config.checks.pipeline import (
 from roll_ds.config.checks.roles import role_problems
 from roll_ds.config.hints import close_keys
 from roll_ds.config.no_effect import config_warnings
+from roll_ds.config.role_placement import RolePlacement, placement, role_configs
 from roll_ds.config.schema import RLVRConfig
-from roll_ds.data.sources import data_problems
-from roll_ds.pipeline.colocation import colocation_problems
-from roll_ds.pipeline.eval_metrics import eval_config_problems
 from roll_ds.platform import device_problems
-from roll_ds.weight_sync.select import layout_problems
 
 logger = logging.getLogger(__name__)
 
@@ -124,9 +127,6 @@ def _omegaconf_problem(cfg: DictConfig, exc: OmegaConfBaseException) -> str:
 def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     """Raise ``ConfigError`` listing every problem in ``cfg``. Settings without effect are
     logged as warnings (see ``config_warnings``) and returned."""
-    # here, not at the top: roll_ds.distributed.role_placement imports roll_ds.config
-    from roll_ds.distributed.role_placement import RolePlacement, placement, role_configs
-
     warnings = config_warnings(cfg)
     for line in warnings:
         logger.warning("config: %s", line)
@@ -143,18 +143,18 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += length_problems(cfg, check_files=check_files)
     problems += algorithm_problems(cfg)
     problems += async_problems(cfg)
-    problems += colocation_problems(cfg)  # roll_ds/pipeline/colocation.py
-    problems += eval_config_problems(cfg)  # validation sampling fields, save_best
+    problems += component_problems("colocation", cfg)  # roll_ds/pipeline/colocation.py
+    problems += component_problems("evaluation", cfg)  # validation sampling, save_best
     problems += device_problems(cfg)
-    problems += layout_problems(cfg)  # weight_sync.transport vs shared GPUs (weight_sync/select.py)
+    problems += component_problems("weight_sync_layout", cfg)  # transport vs shared GPUs
     if is_agentic(cfg):  # episodes from environments instead of prompt files
-        problems += agentic_problems(cfg)  # roll_ds/agentic/config_checks.py
+        problems += component_problems("agentic", cfg)  # roll_ds/agentic/config_checks.py
         if check_files:
             problems += model_path_problems(cfg)
     else:
         if check_files:
             problems += path_problems(cfg)
-        problems += data_problems(cfg, check_files=check_files)  # keys, formats, files
+        problems += component_problems("data", cfg, check_files=check_files)
     if problems:
         raise ConfigError(problems)
     return warnings

@@ -62,7 +62,7 @@ class ActorPlacement:
 
 def role_specs_from_config(cfg: RLVRConfig) -> dict[str, RoleSpec]:
     """Flatten every configured role of ``cfg`` into a ``RoleSpec``."""
-    from roll_ds.distributed.role_placement import placement, role_configs
+    from roll_ds.config.role_placement import placement, role_configs
 
     specs = {}
     for name, role in role_configs(cfg):
@@ -87,10 +87,10 @@ def _check_gpu_layout(cfg: RLVRConfig) -> None:
     any actor starts, instead of at the first sync."""
     import dataclasses
 
+    from roll_ds.config.checks.components import component_problems
     from roll_ds.config.validate import ConfigError
-    from roll_ds.weight_sync.select import layout_problems
 
-    problems = layout_problems(dataclasses.replace(cfg, device="cuda"))
+    problems = component_problems("weight_sync_layout", dataclasses.replace(cfg, device="cuda"))
     if problems:
         raise ConfigError(problems)
 

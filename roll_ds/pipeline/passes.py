@@ -91,7 +91,7 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
 def schedule_steps(cfg: RLVRConfig, role: str) -> int:
     """Optimizer steps ``role`` (actor_train or critic) makes over the run: ``max_steps`` x
     ``ppo_epochs`` x the steps of one pass over ``rollout_batch_size x group`` rows."""
-    from roll_ds.distributed.role_placement import placement
+    from roll_ds.config.role_placement import placement
 
     role_cfg = getattr(cfg, role)
     args = role_cfg.training_args

@@ -15,7 +15,7 @@ from roll_ds.config.deepspeed import (
 from roll_ds.config.schema import WorkerConfig
 
 if TYPE_CHECKING:
-    from roll_ds.distributed.role_placement import RolePlacement
+    from roll_ds.config.role_placement import RolePlacement
 
 
 def strategy_config_problems(

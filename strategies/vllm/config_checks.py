@@ -15,7 +15,7 @@ from strategies.vllm.start import seeded_chunking_problem
 from strategies.vllm.strategy import OWNED_KWARGS
 
 if TYPE_CHECKING:
-    from roll_ds.distributed.role_placement import RolePlacement
+    from roll_ds.config.role_placement import RolePlacement
 
 
 def strategy_config_problems(
@@ -47,8 +47,8 @@ def seeded_sampling_problems(cfg: RLVRConfig) -> list[str]:
     """On a CPU cluster (``device: cpu``), no vllm role's strategy_config may let vLLM split a
     prompt over scheduler steps: seeded sampling then crashes (``strategies/vllm/start.py``).
     Under ``device: auto`` the engine refuses the same settings when it starts on CPU."""
-    # here, not at the top: roll_ds.distributed.role_placement imports roll_ds.config
-    from roll_ds.distributed.role_placement import role_configs
+    # here, not at the top: roll_ds.config.role_placement imports roll_ds.config
+    from roll_ds.config.role_placement import role_configs
 
     if cfg.device != "cpu":
         return []

@@ -63,22 +63,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Known violations, to be removed as each is fixed (issue 22): the edges left out of both checks.
 KNOWN: frozenset[tuple[str, str]] = frozenset(
     {
-        ("roll_ds.config.checks.lengths", "roll_ds.strategy"),
-        ("roll_ds.config.checks.pipeline", "roll_ds.distributed.role_placement"),
-        ("roll_ds.config.checks.pipeline", "roll_ds.weight_sync.config_checks"),
-        ("roll_ds.config.checks.roles", "roll_ds.distributed.role_placement"),
-        ("roll_ds.config.checks.roles", "roll_ds.rewards.config_checks"),
-        ("roll_ds.config.checks.roles", "roll_ds.strategy"),
-        ("roll_ds.config.validate", "roll_ds.agentic.config_checks"),
-        ("roll_ds.config.validate", "roll_ds.data.sources"),
-        ("roll_ds.config.validate", "roll_ds.distributed.role_placement"),
-        ("roll_ds.config.validate", "roll_ds.pipeline.colocation"),
-        ("roll_ds.config.validate", "roll_ds.pipeline.eval_metrics"),
-        ("roll_ds.config.validate", "roll_ds.weight_sync.select"),
         ("roll_ds.pipeline.rlvr", "roll_ds.export"),
         ("roll_ds.pipeline.save_resume", "roll_ds.export"),
         ("roll_ds.strategy", "roll_ds.weight_sync.endpoint"),
-        ("roll_ds.distributed.resource_manager", "roll_ds.weight_sync.select"),
     }
 )
 

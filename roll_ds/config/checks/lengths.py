@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from roll_ds.config.schema import RLVRConfig
-from roll_ds.strategy import STRATEGY_SPECS, load_hook
+from roll_ds.config.strategies import STRATEGY_SPECS, load_hook
 
 
 def length_problems(cfg: RLVRConfig, *, check_files: bool) -> list[str]:

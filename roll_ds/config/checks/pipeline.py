@@ -4,21 +4,17 @@ the algorithm, asynchronous generation and the input paths."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from roll_ds.config.agentic import is_agentic
+from roll_ds.config.checks.components import component_problems
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
+from roll_ds.config.role_placement import RolePlacement, role_configs
 from roll_ds.config.roles import TRAIN_ROLES
 from roll_ds.config.schema import EMBEDDED_AGENT, EMBEDDED_MODEL, EMBEDDED_RM, RLVRConfig
-
-if TYPE_CHECKING:
-    from roll_ds.distributed.role_placement import RolePlacement
 
 
 def pipeline_problems(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> list[str]:
     """Roles against each other (``placements``: the roles whose placement parsed)."""
-    from roll_ds.weight_sync.config_checks import weight_sync_problems
-
     group = cfg.num_return_sequences_in_group
     infer_n = cfg.actor_infer.generating_args.num_return_sequences
     problems = []
@@ -36,7 +32,7 @@ def pipeline_problems(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> 
             "reference: algorithm.kl_coef > 0 needs reference log-probs; configure "
             "`reference:` or use LoRA (the adapter-disabled actor is the reference)"
         )
-    problems += weight_sync_problems(cfg)
+    problems += component_problems("weight_sync", cfg)
     if not cfg.rewards and not is_agentic(cfg):  # environments reward episodes
         problems.append("rewards: no reward role; add e.g. rewards.math with reward_fns")
     problems += domain_problems(cfg)
@@ -153,9 +149,6 @@ def model_path_problems(cfg: RLVRConfig) -> list[str]:
     """``pretrain`` and every ``model_args.model_name_or_path`` a used role names (a role
     without one loads ``pretrain``), checked before anything starts: a bad path would otherwise
     fail minutes later inside the role's actor."""
-    # here, not at the top: roll_ds.distributed.role_placement imports roll_ds.config
-    from roll_ds.distributed.role_placement import role_configs
-
     found = [model_path_problem("pretrain", cfg.pretrain)]
     for name, role in role_configs(cfg):
         path = role.model_args.model_name_or_path

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from roll_ds.config.checks.components import component_problems
 from roll_ds.config.checks.fields import role_field_problems
 from roll_ds.config.roles import DEVICE_ROLES, TRAIN_ROLES
 from roll_ds.config.schema import ModelArgs, RewardConfig, RLVRConfig, WorkerConfig
-from roll_ds.strategy import STRATEGIES, STRATEGY_SPECS, load_hook
+from roll_ds.config.strategies import STRATEGIES, STRATEGY_SPECS, load_hook
 
 if TYPE_CHECKING:
-    from roll_ds.distributed.role_placement import RolePlacement
+    from roll_ds.config.role_placement import RolePlacement
 
 # Embedding and output-head modules: LoRA on them is not merged into the weights that reach the
 # rollout engine (roll_ds.models.lora.weight_units merges the LoRA of linear layers, and an output
@@ -31,13 +32,11 @@ def role_problems(
     cfg: RLVRConfig, name: str, role: WorkerConfig, where: RolePlacement | None
 ) -> list[str]:
     """Everything about one role (``where``: its placement, None when that did not parse)."""
-    from roll_ds.rewards.config_checks import reward_role_problems
-
     problems = strategy_problems(name, role, where)
     if where is not None:
         problems += device_mapping_problems(cfg, name, where)
     if isinstance(role, RewardConfig):
-        problems += reward_role_problems(name, role)
+        problems += component_problems("reward_role", name, role)
     problems += role_field_problems(name, role)
     problems += lora_target_problems(name, role.model_args)
     return problems

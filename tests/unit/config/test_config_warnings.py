@@ -78,7 +78,7 @@ def test_critic_settings_without_a_critic_estimator():
 
 
 def test_an_unused_critic_gets_no_devices():
-    from roll_ds.distributed.role_placement import role_configs
+    from roll_ds.config.role_placement import role_configs
 
     gae = to_schema(compose_config("rlvr_ppo_gae_zero3"))
     assert "critic" in dict(role_configs(gae))

@@ -1,0 +1,69 @@
+"""The backends by name: ``STRATEGY_SPECS`` (``"module:Class"`` plus what each can do and the
+``"module:function"`` of its own config checks) and the ``STRATEGIES`` registry built from it.
+
+It lives in the config layer because validation reads it (a role's ``strategy_name``, the
+backend's ``role_checks`` / ``rollout_checks``) without importing any backend: entries are lazy
+strings, so listing names and validating a config imports no torch, DeepSpeed or vLLM. The
+contracts a backend implements are ``roll_ds/strategy.py``'s, which re-exports these names.
+
+Adding a backend: a module under ``strategies/`` plus one ``STRATEGY_SPECS`` line.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from roll_ds.registry import Registry
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """What a backend can do, known without importing it."""
+
+    target: str  # "module:Class"
+    trains: bool  # implements TrainStrategy
+    generates: bool  # implements generate()
+    # "module:function", called as f(name, role, where) -> list[str]: problems of a role's
+    # strategy_args (``where``: its ``roll_ds.config.role_placement.RolePlacement`` or None).
+    role_checks: str | None = None
+    # "module:function", called as f(cfg, *, check_files) -> list[str] when the backend is
+    # actor_infer's: the pipeline's lengths against the rollout engine's context.
+    rollout_checks: str | None = None
+
+
+_DEEPSPEED_CHECKS = "strategies.deepspeed.config_checks:strategy_config_problems"
+
+STRATEGY_SPECS: dict[str, StrategySpec] = {
+    "deepspeed_train": StrategySpec(
+        "strategies.deepspeed.train:DeepSpeedTrainStrategy",
+        trains=True,
+        generates=False,
+        role_checks=_DEEPSPEED_CHECKS,
+    ),
+    "deepspeed_infer": StrategySpec(
+        "strategies.deepspeed.infer:DeepSpeedInferStrategy",
+        trains=False,
+        generates=False,
+        role_checks=_DEEPSPEED_CHECKS,
+    ),
+    "hf_infer": StrategySpec("strategies.hf_infer:HfInferStrategy", trains=False, generates=True),
+    "vllm": StrategySpec(
+        "strategies.vllm.strategy:VllmStrategy",
+        trains=False,
+        generates=True,
+        role_checks="strategies.vllm.config_checks:strategy_config_problems",
+        rollout_checks="strategies.vllm.config_checks:rollout_problems",
+    ),
+}
+
+STRATEGIES: Registry[type] = Registry("strategy_name")
+for _name, _spec in STRATEGY_SPECS.items():
+    STRATEGIES.register_lazy(_name, _spec.target)
+
+
+def load_hook(target: str) -> Callable[..., list[str]]:
+    """The function a spec's ``"module:function"`` hook names (imported on first use)."""
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
