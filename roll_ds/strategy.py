@@ -13,7 +13,7 @@ Adding a backend: a module under ``strategies/`` with a class implementing ``Tra
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -22,10 +22,102 @@ from roll_ds.config.strategies import STRATEGIES as STRATEGIES
 from roll_ds.config.strategies import STRATEGY_SPECS as STRATEGY_SPECS
 from roll_ds.config.strategies import StrategySpec as StrategySpec
 from roll_ds.config.strategies import load_hook as load_hook
-from roll_ds.weight_sync.endpoint import WeightReceiver, WeightSource
 
 if TYPE_CHECKING:
     import torch
+
+
+# A bucket of a weight sync: HF-named tensors, in one size-bounded group.
+Bucket = list[tuple[str, "torch.Tensor"]]
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Everything a member needs to join (picklable, sent by the driver)."""
+
+    host: str  # train rank 0's address; it hosts the TCPStore
+    port: int
+    world_size: int  # 1 + number of receivers (one per vLLM worker)
+    backend: str  # gloo | nccl
+    timeout_s: float
+    prefix: str  # store namespace, new for every connect
+
+
+NamedTensors = Iterator[tuple[str, "torch.Tensor"]]
+# One member's place in a weight-sync group: the group and its rank there. Under cuda_ipc the
+# workers of one tensor-parallel engine sit in different groups (one per GPU, each rooted at the
+# train rank on that GPU), so seats are per member.
+Seat = tuple["GroupSpec", int]
+
+
+# ---------------------------------------------------------------------------------------------
+# what rollout and training strategies expose to weight sync (roll_ds/weight_sync/endpoint.py)
+
+
+@runtime_checkable
+class WeightSource(Protocol):
+    """A training strategy whose weights a sync sends (actor_train)."""
+
+    def named_weights_for_sync(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """Full (gathered, LoRA-merged) weights under HF names, in size-bounded buckets."""
+
+    def adapter_buckets_for_sync(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """The LoRA adapter alone, under peft's names (``weight_sync.lora_sync: adapter``)."""
+
+    def adapter_config(self) -> dict[str, Any]:
+        """The policy's LoRA config as ``adapter_config.json`` content."""
+
+
+@runtime_checkable
+class WeightReceiver(Protocol):
+    """A rollout strategy a sync can replace the served weights of."""
+
+    def load_weights(self, named_tensors: NamedTensors) -> dict[str, Any] | None:
+        """Replace the served weights with the *full* model from one iterator of HF-named
+        tensors (the buckets of a sync chained); returns load stats or None."""
+
+
+@runtime_checkable
+class AdapterReceiver(WeightReceiver, Protocol):
+    """A rollout strategy that can serve base weights + a synced LoRA adapter."""
+
+    def enable_adapter_sync(self, config: Mapping[str, Any]) -> None:
+        """From now on ``load_weights`` (and group receives) carry the adapter described by
+        ``config`` (peft's ``adapter_config.json``) instead of full weights."""
+
+
+class GroupMembers(Protocol):
+    """The group side of a receiving strategy: the weight-sync group members it brings, joining,
+    receiving one sync from the group into the served weights, leaving."""
+
+    def transfer_group_devices(self) -> list[str | None]:
+        """One entry per member it brings to a weight-sync group: the UUID of the GPU that
+        member receives on (None on CPU). ``cuda_ipc`` pairs each member with the train rank on
+        the same GPU by it."""
+
+    def join_transfer_group(self, plane: str, seats: Sequence[Seat]) -> list[int]:
+        """Member ``i`` joins ``seats[i]`` (leaving any previous group); returns the ranks
+        taken."""
+
+    def receive_from_group(self, plane: str) -> dict[str, Any]:
+        """Every member receives one sync from the group into one reload; afterwards the new
+        weights are served. Returns load stats."""
+
+    def leave_transfer_group(self) -> None:
+        """Every member leaves its group (a no-op where none was joined)."""
+
+
+@runtime_checkable
+class EngineWorkersReceiver(WeightReceiver, GroupMembers, Protocol):
+    """An engine whose own worker processes are the group members (one per engine worker):
+    group transports stream into them, not through the rollout worker's process."""
+
+    receives_in_engine_workers: bool  # True
+
+
+def receives_in_engine_workers(strategy: Any) -> bool:
+    """Whether ``strategy`` declared that its engine's workers join the group themselves."""
+    return bool(getattr(strategy, "receives_in_engine_workers", False))
 
 
 @dataclass(frozen=True, kw_only=True)

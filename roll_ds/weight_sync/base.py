@@ -44,13 +44,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from roll_ds.distributed.errors import ClusterError
+from roll_ds.strategy import Bucket as Bucket  # a contract type: roll_ds/strategy.py defines it
 
 if TYPE_CHECKING:
     import torch
 
     from roll_ds.distributed.cluster import Cluster, PendingCall
 
-Bucket = list[tuple[str, "torch.Tensor"]]
 ALIGN = 16  # byte alignment of each tensor in a bucket buffer (any dtype's view stays legal)
 ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 FAILURE_GRACE_S = 2.0  # after a first failure, how long to wait for the others' errors

@@ -21,91 +21,19 @@ Light: importing this module imports neither torch nor Ray.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    import torch
-
-    from roll_ds.weight_sync.base import Bucket
-    from roll_ds.weight_sync.group import GroupSpec
-
-NamedTensors = Iterator[tuple[str, "torch.Tensor"]]
-# One member's place in a weight-sync group: the group and its rank there. Under cuda_ipc the
-# workers of one tensor-parallel engine sit in different groups (one per GPU, each rooted at the
-# train rank on that GPU), so seats are per member.
-Seat = tuple["GroupSpec", int]
-
-
-# ---------------------------------------------------------------------------------------------
-# what strategies expose
-
-
-@runtime_checkable
-class WeightSource(Protocol):
-    """A training strategy whose weights a sync sends (actor_train)."""
-
-    def named_weights_for_sync(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """Full (gathered, LoRA-merged) weights under HF names, in size-bounded buckets."""
-
-    def adapter_buckets_for_sync(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """The LoRA adapter alone, under peft's names (``weight_sync.lora_sync: adapter``)."""
-
-    def adapter_config(self) -> dict[str, Any]:
-        """The policy's LoRA config as ``adapter_config.json`` content."""
-
-
-@runtime_checkable
-class WeightReceiver(Protocol):
-    """A rollout strategy a sync can replace the served weights of."""
-
-    def load_weights(self, named_tensors: NamedTensors) -> dict[str, Any] | None:
-        """Replace the served weights with the *full* model from one iterator of HF-named
-        tensors (the buckets of a sync chained); returns load stats or None."""
-
-
-@runtime_checkable
-class AdapterReceiver(WeightReceiver, Protocol):
-    """A rollout strategy that can serve base weights + a synced LoRA adapter."""
-
-    def enable_adapter_sync(self, config: Mapping[str, Any]) -> None:
-        """From now on ``load_weights`` (and group receives) carry the adapter described by
-        ``config`` (peft's ``adapter_config.json``) instead of full weights."""
-
-
-class GroupMembers(Protocol):
-    """The group side of a receiving strategy: the weight-sync group members it brings, joining,
-    receiving one sync from the group into the served weights, leaving."""
-
-    def transfer_group_devices(self) -> list[str | None]:
-        """One entry per member it brings to a weight-sync group: the UUID of the GPU that
-        member receives on (None on CPU). ``cuda_ipc`` pairs each member with the train rank on
-        the same GPU by it."""
-
-    def join_transfer_group(self, plane: str, seats: Sequence[Seat]) -> list[int]:
-        """Member ``i`` joins ``seats[i]`` (leaving any previous group); returns the ranks
-        taken."""
-
-    def receive_from_group(self, plane: str) -> dict[str, Any]:
-        """Every member receives one sync from the group into one reload; afterwards the new
-        weights are served. Returns load stats."""
-
-    def leave_transfer_group(self) -> None:
-        """Every member leaves its group (a no-op where none was joined)."""
-
-
-@runtime_checkable
-class EngineWorkersReceiver(WeightReceiver, GroupMembers, Protocol):
-    """An engine whose own worker processes are the group members (one per engine worker):
-    group transports stream into them, not through the rollout worker's process."""
-
-    receives_in_engine_workers: bool  # True
-
-
-def receives_in_engine_workers(strategy: Any) -> bool:
-    """Whether ``strategy`` declared that its engine's workers join the group themselves."""
-    return bool(getattr(strategy, "receives_in_engine_workers", False))
-
+# What strategies expose is one of the contracts a backend implements, so it lives in
+# ``roll_ds/strategy.py`` (the lower layer); re-exported here for the transports.
+from roll_ds.strategy import AdapterReceiver as AdapterReceiver
+from roll_ds.strategy import Bucket, WeightReceiver
+from roll_ds.strategy import EngineWorkersReceiver as EngineWorkersReceiver
+from roll_ds.strategy import GroupMembers as GroupMembers
+from roll_ds.strategy import NamedTensors as NamedTensors
+from roll_ds.strategy import Seat as Seat
+from roll_ds.strategy import WeightSource as WeightSource
+from roll_ds.strategy import receives_in_engine_workers as receives_in_engine_workers
 
 # ---------------------------------------------------------------------------------------------
 # the two ends of a transport

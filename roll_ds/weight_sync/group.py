@@ -27,26 +27,14 @@ import os
 import pickle
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from roll_ds.strategy import GroupSpec as GroupSpec  # the contract's type; lives with it
 from roll_ds.weight_sync.base import TransferError
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """Everything a member needs to join (picklable, sent by the driver)."""
-
-    host: str  # train rank 0's address; it hosts the TCPStore
-    port: int
-    world_size: int  # 1 + number of receivers (one per vLLM worker)
-    backend: str  # gloo | nccl
-    timeout_s: float
-    prefix: str  # store namespace, new for every connect
 
 
 def open_store(timeout_s: float) -> tuple[Any, str, int]:
