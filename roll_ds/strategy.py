@@ -1,11 +1,10 @@
-"""The contracts every backend implements, and the name -> class registry.
+"""The contracts every backend implements, and what it exposes to weight sync.
 
 A role picks its backend with ``strategy_args.strategy_name``. Backends live in the top-level
 ``strategies/`` package, which builds on this core; the core finds them only by name through
-``STRATEGY_SPECS`` (``"module:attr"`` strings), never by import. Entries are lazy so the registry
-can be listed and a config validated without importing torch, DeepSpeed or vLLM: a backend's own
-config checks sit in a light module of its own, named by its spec. Importing this module must stay
-cheap.
+``STRATEGY_SPECS`` (``"module:attr"`` strings, in ``roll_ds/config/strategies.py`` because
+validation reads them; re-exported here), never by import. A backend's own config checks sit in a
+light module of its own, named by its spec. Importing this module must stay cheap.
 
 Adding a backend: a module under ``strategies/`` with a class implementing ``TrainStrategy`` or
 ``GenerateStrategy`` (and a ``from_worker_config`` classmethod), plus one ``STRATEGY_SPECS`` line.
