@@ -144,28 +144,33 @@ def check_visible_devices(role: str, rank: int) -> None:
         return
     import torch
 
+    # A CPU build of torch sees no GPU whatever the environment: a cluster that only advertises
+    # GPUs (Ray's simulated multi-node cluster, placement tests) can check the ids, not the count.
+    count = torch.cuda.device_count() if torch.version.cuda is not None else None
     problem = visible_device_problem(
         role=role,
         rank=rank,
         reserved=reserved,
         visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        device_count=torch.cuda.device_count(),
+        device_count=count,
     )
     if problem:
         raise RuntimeError(problem)
 
 
 def visible_device_problem(
-    *, role: str, rank: int, reserved: list[str], visible: str | None, device_count: int
+    *, role: str, rank: int, reserved: list[str], visible: str | None, device_count: int | None
 ) -> str | None:
     """Why the GPUs CUDA sees (``device_count``, listed by ``visible``: the
     ``CUDA_VISIBLE_DEVICES`` value) are not exactly those Ray ``reserved`` for this actor (the
-    first bundle's id; a multi-device worker's list has more); None when they are."""
+    first bundle's id; a multi-device worker's list has more); None when they are.
+    ``device_count`` None (a CPU build of torch): only the ids are checked."""
     who = f"{role} rank {rank}"
     if visible is None:
+        gpus = "every GPU" if device_count is None else f"all {device_count} GPUs"
         return (
             f"{who}: Ray reserved GPU {', '.join(reserved)} but CUDA_VISIBLE_DEVICES is unset, "
-            f"so this actor sees all {device_count} GPUs of its node (is "
+            f"so this actor sees {gpus} of its node (is "
             "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES set? unset it)"
         )
     ids = [v.strip() for v in visible.split(",") if v.strip()]
@@ -176,7 +181,7 @@ def visible_device_problem(
             "Ray reserved for it (a system_envs or runtime_env entry overriding "
             "CUDA_VISIBLE_DEVICES? remove it)"
         )
-    if device_count != len(ids):
+    if device_count is not None and device_count != len(ids):
         return (
             f"{who}: reserved {len(ids)} GPU(s) (CUDA_VISIBLE_DEVICES={visible}) but CUDA sees "
             f"{device_count}: CUDA was initialised before the actor's devices were set (do not "

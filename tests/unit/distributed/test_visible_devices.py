@@ -37,3 +37,11 @@ def test_cuda_initialised_before_the_rewrite_sees_too_few():
 
 def test_a_worker_outside_ray_starts_without_the_check():
     Worker()  # no Ray here: nothing to compare, nothing raised
+
+
+def test_a_cpu_build_of_torch_checks_the_ids_only():
+    """Ray's simulated cluster advertises GPUs a CPU build of torch can never see: the ids Ray
+    set are still checked, the count is not (tests/integration/test_cluster_placement.py)."""
+    assert problem(["0"], "0,1", None) is None
+    assert "does not list GPU 3" in problem(["3"], "0", None)
+    assert "every GPU of its node" in problem(["3"], None, None)
