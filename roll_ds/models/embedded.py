@@ -160,13 +160,25 @@ def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
         return None
 
 
-def write_shipped(shipped_dir: str = SHIPPED_DIR, recipe: WarmupRecipe = DEFAULT_RECIPE) -> dict:
-    """Rebuild the shipped model from ``recipe`` and replace ``shipped_dir`` with it."""
+def policy_model() -> tuple[str, str | None]:
+    """The embedded policy's directory and the recipe digest it was built from (what the
+    embedded reward and agent models start from)."""
+    path = resolve_pretrain(EMBEDDED_MODEL)
+    return path, shipped_digest(path)
+
+
+def write_shipped(
+    shipped_dir: str = SHIPPED_DIR,
+    recipe: Any = DEFAULT_RECIPE,
+    build: Callable[[str, Any], dict] | None = None,
+) -> dict:
+    """Rebuild a shipped model from ``recipe`` with ``build`` (default: the policy's
+    ``build_model_dir``) and replace ``shipped_dir`` with it."""
     parent = os.path.dirname(shipped_dir)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(shipped_dir)}.tmp-", dir=parent)
     try:
         os.chmod(tmp, 0o755)
-        info = build_model_dir(tmp, recipe)
+        info = (build or build_model_dir)(tmp, recipe)
         for name in os.listdir(tmp):  # some writers create private files; these get committed
             os.chmod(os.path.join(tmp, name), 0o644)
         old = shipped_dir + ".old"

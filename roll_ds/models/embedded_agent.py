@@ -38,8 +38,6 @@ import json
 import logging
 import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -132,19 +130,15 @@ DEFAULT_AGENT_RECIPE = AgentRecipe()
 
 
 def _policy() -> tuple[str, str | None]:
-    from roll_ds.config.schema import EMBEDDED_MODEL
-    from roll_ds.models.embedded import resolve_pretrain, shipped_digest
+    from roll_ds.models.embedded import policy_model
 
-    path = resolve_pretrain(EMBEDDED_MODEL)
-    return path, shipped_digest(path)
+    return policy_model()
 
 
 def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
-    try:
-        with open(os.path.join(shipped_dir, RECIPE_FILE), encoding="utf-8") as f:
-            return json.load(f)["recipe_digest"]
-    except FileNotFoundError:
-        return None
+    from roll_ds.models import embedded
+
+    return embedded.shipped_digest(shipped_dir)
 
 
 def resolve_agent_model(cache_dir: str | None = None) -> str:
@@ -170,19 +164,9 @@ def resolve_agent_model(cache_dir: str | None = None) -> str:
 
 def write_shipped(shipped_dir: str = SHIPPED_DIR) -> dict:
     """Rebuild the shipped agent model and replace ``shipped_dir`` with it."""
-    parent = os.path.dirname(shipped_dir)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(shipped_dir)}.tmp-", dir=parent)
-    try:
-        os.chmod(tmp, 0o755)
-        info = build_agent_model_dir(tmp, DEFAULT_AGENT_RECIPE)
-        for name in os.listdir(tmp):
-            os.chmod(os.path.join(tmp, name), 0o644)
-        shutil.rmtree(shipped_dir, ignore_errors=True)
-        os.rename(tmp, shipped_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return info
+    from roll_ds.models import embedded
+
+    return embedded.write_shipped(shipped_dir, DEFAULT_AGENT_RECIPE, build=build_agent_model_dir)
 
 
 # --- demonstrations --------------------------------------------------------------------------

@@ -27,8 +27,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -77,19 +75,15 @@ DEFAULT_RM_RECIPE = RewardModelRecipe()
 
 
 def _policy() -> tuple[str, str | None]:
-    from roll_ds.config.schema import EMBEDDED_MODEL
-    from roll_ds.models.embedded import resolve_pretrain, shipped_digest
+    from roll_ds.models.embedded import policy_model
 
-    path = resolve_pretrain(EMBEDDED_MODEL)
-    return path, shipped_digest(path)
+    return policy_model()
 
 
 def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
-    try:
-        with open(os.path.join(shipped_dir, RECIPE_FILE), encoding="utf-8") as f:
-            return json.load(f)["recipe_digest"]
-    except FileNotFoundError:
-        return None
+    from roll_ds.models import embedded
+
+    return embedded.shipped_digest(shipped_dir)
 
 
 def resolve_reward_model(cache_dir: str | None = None) -> str:
@@ -116,19 +110,9 @@ def resolve_reward_model(cache_dir: str | None = None) -> str:
 
 def write_shipped(shipped_dir: str = SHIPPED_DIR) -> dict:
     """Rebuild the shipped reward model and replace ``shipped_dir`` with it."""
-    parent = os.path.dirname(shipped_dir)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(shipped_dir)}.tmp-", dir=parent)
-    try:
-        os.chmod(tmp, 0o755)
-        info = build_reward_model_dir(tmp, DEFAULT_RM_RECIPE)
-        for name in os.listdir(tmp):
-            os.chmod(os.path.join(tmp, name), 0o644)
-        shutil.rmtree(shipped_dir, ignore_errors=True)
-        os.rename(tmp, shipped_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return info
+    from roll_ds.models import embedded
+
+    return embedded.write_shipped(shipped_dir, DEFAULT_RM_RECIPE, build=build_reward_model_dir)
 
 
 # --- data ------------------------------------------------------------------------------------
