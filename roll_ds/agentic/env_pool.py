@@ -11,7 +11,6 @@ batch.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 import traceback
@@ -72,7 +71,6 @@ class EnvHost:
     """Many environments in one process, stepped concurrently (one thread per step)."""
 
     def __init__(self, specs: Mapping[str, EnvTypeSpec], step_timeout_s: float) -> None:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.specs = dict(specs)
         self.step_timeout_s = step_timeout_s
         self.envs: dict[int, Env] = {}
