@@ -127,6 +127,15 @@ class WorkerConfig:
     generating_args: GeneratingArgs = field(default_factory=GeneratingArgs)
     data_args: DataArgs = field(default_factory=DataArgs)
     infer_batch_size: int = 8
+    # Micro-batches of about this many real tokens instead of per_device_train_batch_size /
+    # infer_batch_size rows (actor_train, reference, critic: train, log-prob, reference and value
+    # passes): rows sorted by length, each micro-batch cut to its own longest row; null: by rows.
+    # Must hold prompt_length + response_length. Optimizer steps stay micro x accumulation rows.
+    max_tokens_per_micro_batch: int | None = None
+    # Concatenate a micro-batch's sequences into one row without padding (position ids restart
+    # per sequence, no attention mask); outputs equal the padded forward's (strategies/
+    # micro_batches.py). Needs an attention implementation that masks by position ids.
+    use_sequence_packing: bool = False
     # CPU threads each actor computes with; null: decided by roll_ds/threads.py (on CPU machines
     # from what runs at once, on GPUs the CPUs the actor reserved).
     num_threads: int | None = None
