@@ -20,6 +20,7 @@ import torch
 
 from roll_ds.algorithms.kl import entropy_from_logits  # the one masked implementation
 from roll_ds.models.tensors import position_ids_from_mask
+from strategies.micro_batches import PackedRows, packed_forward
 
 # ---------------------------------------------------------------------------------------------
 # log-probs and entropy
@@ -48,22 +49,42 @@ def forward_logprobs(
     *,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    packed: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Run a causal LM and return ``logprobs_BT`` (and ``entropy_BT``), both ``[B, T-1]``.
 
     ``model`` is anything called like an HF causal LM (a module, a DeepSpeed engine, a peft
-    model). Gradients flow when the caller has them enabled.
+    model). Gradients flow when the caller has them enabled. ``packed``: one forward over the
+    rows' real tokens without padding (``micro_batches.PackedRows``), the outputs scattered
+    back; columns whose next token is padding are then 0.
     """
+    if packed:
+        rows = PackedRows.of(attention_mask_BT)
+        logits_MV = packed_forward(model, input_ids_BT, rows)
+        labels_M = rows.pack(input_ids_BT)[0, rows.targets_M]
+        return {
+            key: rows.unpack(values_M)
+            for key, values_M in _token_outputs(
+                logits_MV, labels_M, with_entropy=with_entropy, temperature=temperature
+            ).items()
+        }
     out = model(
         input_ids=input_ids_BT,
         attention_mask=attention_mask_BT,
         position_ids=position_ids_from_mask(attention_mask_BT),
         use_cache=False,
     )
-    logits_BTV = out.logits[:, :-1]
+    return _token_outputs(
+        out.logits[:, :-1], input_ids_BT[:, 1:], with_entropy=with_entropy, temperature=temperature
+    )
+
+
+def _token_outputs(
+    logits_BTV: torch.Tensor, labels_BT: torch.Tensor, *, with_entropy: bool, temperature: float
+) -> dict[str, torch.Tensor]:
     if temperature != 1.0:
         logits_BTV = logits_BTV.float() / temperature
-    result = {"logprobs_BT": logprobs_from_logits(logits_BTV, input_ids_BT[:, 1:])}
+    result = {"logprobs_BT": logprobs_from_logits(logits_BTV, labels_BT)}
     if with_entropy:
         result["entropy_BT"] = entropy_from_logits(logits_BTV)
     return result
