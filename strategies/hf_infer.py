@@ -15,6 +15,7 @@ from roll_ds.models.loading import load_causal_lm, resolve_model_path
 from roll_ds.models.reward_model import check_head, forward_scores, load_reward_model
 from roll_ds.strategy import StrategyContext
 from strategies import _common
+from strategies.micro_batches import token_batched_forward
 
 RESULT_KEYS = (
     "prompt_index",
@@ -39,6 +40,8 @@ class HfInferStrategy:
         stop_token_ids: Sequence[int] = (),
         logprob_temperature: float = 1.0,
         head: str | None = None,
+        max_tokens_per_micro_batch: int | None = None,
+        use_sequence_packing: bool = False,
     ) -> None:
         # None: a causal LM; a reward-model head (roll_ds.models.reward_model.HEADS): a scorer.
         self.head = None if head is None else check_head(head)
@@ -47,6 +50,9 @@ class HfInferStrategy:
         self.model_args = model_args or ModelArgs()
         self.generating_args = generating_args or GeneratingArgs()
         self.infer_batch_size = infer_batch_size
+        # log-probs by token budget, packed (strategies/micro_batches.py); scores by rows
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.use_sequence_packing = use_sequence_packing
         self.seed = seed
         self.max_new_tokens = self.generating_args.max_new_tokens or max_new_tokens
         self.stop_token_ids = list(stop_token_ids)
@@ -67,6 +73,8 @@ class HfInferStrategy:
             max_new_tokens=ctx.response_length,
             stop_token_ids=ctx.stop_token_ids,
             logprob_temperature=ctx.logprob_temperature,
+            max_tokens_per_micro_batch=worker.max_tokens_per_micro_batch,
+            use_sequence_packing=worker.use_sequence_packing,
         )
 
     def initialize(self) -> None:
@@ -92,6 +100,24 @@ class HfInferStrategy:
         """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, fp32 on CPU) at ``temperature``
         (None: the rollouts' ``logprob_temperature``), ``infer_batch_size`` rows per forward."""
         temperature = self.logprob_temperature if temperature is None else temperature
+        if self.max_tokens_per_micro_batch is not None:
+            return token_batched_forward(
+                lambda ids, mask: _common.forward_logprobs(
+                    self.model,
+                    ids,
+                    mask,
+                    with_entropy=with_entropy,
+                    temperature=temperature,
+                    packed=self.use_sequence_packing,
+                ),
+                input_ids_BT,
+                attention_mask_BT,
+                max_tokens=self.max_tokens_per_micro_batch,
+                packed=self.use_sequence_packing,
+                device=self.device,
+                lockstep=False,
+                empty_keys=("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
+            )
         parts: dict[str, list[torch.Tensor]] = {}
         for start, stop in _common.iter_chunks(input_ids_BT.shape[0], self.infer_batch_size):
             out = _common.forward_logprobs(
@@ -100,6 +126,7 @@ class HfInferStrategy:
                 attention_mask_BT[start:stop].to(self.device),
                 with_entropy=with_entropy,
                 temperature=temperature,
+                packed=self.use_sequence_packing,
             )
             for k, v in out.items():
                 parts.setdefault(k, []).append(v.float().cpu())

@@ -9,6 +9,7 @@ strategies run the forwards.
     match_count         the biggest groups split until there are as many as another rank's
     select_rows         a micro-batch of chosen rows, cut to its own longest row
     PackedRows          one row of a micro-batch's real tokens, and the map back to ``[B, T-1]``
+    token_batched_forward  an inference pass over token-budget micro-batches
 
 A group's cost is its padded size ``rows x longest width``, or with packing the sum of its
 widths (the packed row's length). Rows are right-padded (``roll_ds/pipeline/sequences.py``); a
@@ -18,7 +19,7 @@ of any row with contiguous real tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,3 +173,57 @@ def packed_forward(model: Any, input_ids_BT: torch.Tensor, rows: PackedRows) -> 
         use_cache=False,
     )
     return out.logits[0, rows.source_M]
+
+
+def token_batched_forward(
+    forward: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    *,
+    max_tokens: int,
+    packed: bool,
+    device: torch.device,
+    lockstep: bool,
+    empty_keys: tuple[str, ...],
+) -> dict[str, torch.Tensor]:
+    """``forward(ids, mask)`` over micro batches of about ``max_tokens`` tokens
+    (``plan_micro_batches``), each cut to its longest row; outputs on the CPU, widened back to
+    ``T-1`` columns (zeros past a row's chunk) and in the rows' order (the ``empty_keys``,
+    ``[0, T-1]``, when there are no rows). With ``lockstep`` (ZeRO-3 over several ranks) every
+    rank runs as many forwards as the busiest: a rank with fewer splits its biggest micro
+    batches, then repeats its last."""
+    width = input_ids_BT.shape[1]
+    widths = row_widths(attention_mask_BT)
+    groups = plan_micro_batches(widths, max_tokens, packed=packed)
+    rounds = len(groups)
+    if lockstep:
+        import torch.distributed as dist
+
+        count = torch.tensor([rounds], device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        rounds = int(count.item())
+        groups = match_count(groups, widths, rounds, packed=packed)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for i in range(rounds):
+        if groups:
+            mb = select_rows(
+                {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT},
+                groups[min(i, len(groups) - 1)],
+                width=max(widths[r] for r in groups[min(i, len(groups) - 1)]),
+            )
+            ids, mask = mb["input_ids"], mb["attention_mask"]
+        else:  # this rank has no rows at all: a 1-row dummy keeps the gathers paired
+            ids = torch.zeros((1, max(2, width)), dtype=torch.long)
+            mask = torch.ones_like(ids)
+        out = forward(ids.to(device), mask.to(device))
+        if i < len(groups):
+            for k, v in out.items():
+                parts.setdefault(k, []).append(widen(v.float().cpu(), width - 1))
+    if not parts:
+        return {k: torch.zeros((0, max(0, width - 1))) for k in empty_keys}
+    order = torch.tensor([r for g in groups for r in g], dtype=torch.long)
+    result = {}
+    for k, v in parts.items():
+        rows = torch.cat(v)
+        result[k] = torch.empty_like(rows).index_copy_(0, order, rows)
+    return result

@@ -31,6 +31,8 @@ class StrategySpec:
     # "module:function", called as f(cfg, *, check_files) -> list[str] when the backend is
     # actor_infer's: the pipeline's lengths against the rollout engine's context.
     rollout_checks: str | None = None
+    # reads a role's max_tokens_per_micro_batch / use_sequence_packing (strategies/micro_batches)
+    token_micro_batches: bool = False
 
 
 _DEEPSPEED_CHECKS = "strategies.deepspeed.config_checks:strategy_config_problems"
@@ -41,14 +43,21 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         trains=True,
         generates=False,
         role_checks=_DEEPSPEED_CHECKS,
+        token_micro_batches=True,
     ),
     "deepspeed_infer": StrategySpec(
         "strategies.deepspeed.infer:DeepSpeedInferStrategy",
         trains=False,
         generates=False,
         role_checks=_DEEPSPEED_CHECKS,
+        token_micro_batches=True,
     ),
-    "hf_infer": StrategySpec("strategies.hf_infer:HfInferStrategy", trains=False, generates=True),
+    "hf_infer": StrategySpec(
+        "strategies.hf_infer:HfInferStrategy",
+        trains=False,
+        generates=True,
+        token_micro_batches=True,
+    ),
     "vllm": StrategySpec(
         "strategies.vllm.strategy:VllmStrategy",
         trains=False,

@@ -4,7 +4,9 @@ Each rank keeps ``1/N`` of the parameters and gathers layers during the forward,
 model that does not fit one device still scores batches. The role's ``strategy_config`` is the
 usual preset (``${deepspeed_zero3}``); its training-only entries are filled for a micro batch of
 ``infer_batch_size``. A config below stage 3 gives a plain replica on every rank. With a ``head``
-the model is a reward model and ``score_sequences`` scores whole sequences.
+the model is a reward model and ``score_sequences`` scores whole sequences. Log-probs honour the
+role's ``max_tokens_per_micro_batch`` and ``use_sequence_packing`` (``strategies/
+micro_batches.py``); scores always go by ``infer_batch_size`` rows.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class DeepSpeedInferStrategy:
         seed: int = 42,
         logprob_temperature: float = 1.0,
         head: str | None = None,
+        max_tokens_per_micro_batch: int | None = None,
+        use_sequence_packing: bool = False,
     ) -> None:
         # None: a causal LM; a reward-model head (roll_ds.models.reward_model.HEADS): a scorer.
         self.head = None if head is None else check_head(head)
@@ -49,6 +53,8 @@ class DeepSpeedInferStrategy:
         self.strategy_config = plain_strategy_config(strategy_config)
         self.model_args = model_args or ModelArgs()
         self.infer_batch_size = infer_batch_size
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.use_sequence_packing = use_sequence_packing
         self.seed = seed
         self.engine: Any = None
 
@@ -64,6 +70,8 @@ class DeepSpeedInferStrategy:
             infer_batch_size=worker.infer_batch_size,
             seed=ctx.seed,
             logprob_temperature=ctx.logprob_temperature,
+            max_tokens_per_micro_batch=worker.max_tokens_per_micro_batch,
+            use_sequence_packing=worker.use_sequence_packing,
         )
 
     def initialize(self) -> None:
@@ -129,6 +137,8 @@ class DeepSpeedInferStrategy:
                 device=self.device,
                 lockstep=self.zero_stage == 3 and self.world_size > 1,
                 temperature=self.logprob_temperature if temperature is None else temperature,
+                max_tokens=self.max_tokens_per_micro_batch,
+                packed=self.use_sequence_packing,
             )
         finally:
             release_zero3_params(self.engine)

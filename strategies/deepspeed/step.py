@@ -1,5 +1,11 @@
-"""The pieces of one ``train_step``: the batch's split into micro batches, the mini-batch
-normalizers of a loss that normalizes over the whole optimizer step, and the metrics tally."""
+"""The pieces of one ``train_step``: the batch's split into micro batches (``micro`` rows each,
+or by a token budget: ``token_micro_batches``), the mini-batch normalizers of a loss that
+normalizes over the whole optimizer step, and the metrics tally.
+
+With a token budget an optimizer step's rows (``micro x accum`` per rank, as without one) are
+cut into a number of micro batches that varies from step to step; the ranks agree on it per step
+(all-reduce MAX, one collective per train step) and the strategy marks the accumulation boundary
+itself."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import torch.distributed as dist
 
 from roll_ds.algorithms.aggregation import MiniBatchNorm
 from strategies import _common
+from strategies.micro_batches import match_count, plan_micro_batches, row_widths, select_rows
 
 LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, float]]]
 """``loss_fn(logprobs_BT, micro_batch, entropy_BT[, norm=...]) -> (loss, metrics)``
@@ -38,34 +45,75 @@ def split_micro_batches(
     return _common.split_batch(batch, micro)
 
 
+def token_micro_batches(
+    batch: Mapping[str, torch.Tensor],
+    *,
+    budget: int,
+    micro: int,
+    accum: int,
+    packed: bool,
+    world_size: int,
+    device: torch.device,
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """``batch`` as micro batches of about ``budget`` tokens each (``micro_batches``), each cut
+    to its own longest row, and the number of micro batches of each optimizer step (the same on
+    every rank: the busiest rank's, the others splitting their biggest micro batches)."""
+    size = _common.batch_size_of(batch)
+    rows_per_step = micro * accum
+    split_micro_batches(batch, micro=micro, accum=accum)  # the size check
+    widths = row_widths(batch["attention_mask"])
+    plans = []
+    for start in range(0, size, rows_per_step):
+        step_widths = widths[start : start + rows_per_step]
+        groups = plan_micro_batches(step_widths, budget, packed=packed)
+        plans.append([[start + i for i in g] for g in groups])
+    counts = torch.tensor([len(p) for p in plans], dtype=torch.long)
+    if dist.is_initialized() and world_size > 1 and len(plans):
+        counts = counts.to(device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    chunks, steps = [], []
+    for plan, count in zip(plans, counts.cpu().tolist(), strict=True):
+        plan = match_count(plan, widths, count, packed=packed)
+        if len(plan) != count:  # only when ranks hold different row counts per step
+            raise ValueError(
+                f"train_step: {len(plan)} rows cannot make the {count} micro batches another "
+                "rank runs; every rank needs per_device_train_batch_size x "
+                "gradient_accumulation_steps rows per optimizer step"
+            )
+        chunks += [select_rows(batch, g, width=max(widths[i] for i in g)) for g in plan]
+        steps.append(count)
+    return chunks, steps
+
+
 def mini_batch_norms(
     chunks: list[dict[str, Any]],
     loss_fn: LossFn,
     *,
-    accum: int,
+    steps: list[int],
     world_size: int,
     device: torch.device,
 ) -> list[MiniBatchNorm] | None:
-    """One ``MiniBatchNorm`` per optimizer step of ``chunks`` (``accum`` consecutive micro
+    """One ``MiniBatchNorm`` per optimizer step of ``chunks`` (``steps[k]`` consecutive micro
     batches each): the counts of the whole mini-batch, summed over this rank's micro batches and
-    all-reduced over the data-parallel ranks (one collective per train step). None for a loss
-    without ``mini_batch_counts``."""
+    all-reduced over the data-parallel ranks (one collective per train step), and the scale
+    ``steps[k] x world_size`` that undoes the trainer's averaging. None for a loss without
+    ``mini_batch_counts``."""
     counts_of = getattr(loss_fn, "mini_batch_counts", None)
     if counts_of is None:
         return None
+    starts = [sum(steps[:k]) for k in range(len(steps))]
     per_step = torch.stack(
         [
-            torch.stack([counts_of(mb) for mb in chunks[k : k + accum]]).sum(0)
-            for k in range(0, len(chunks), accum)
+            torch.stack([counts_of(mb) for mb in chunks[start : start + n]]).sum(0)
+            for start, n in zip(starts, steps, strict=True)
         ]
     ).to(torch.float64)
     if dist.is_initialized() and world_size > 1:
         per_step = per_step.to(device)
         dist.all_reduce(per_step)
-    scale = float(accum * world_size)
     return [
-        MiniBatchNorm(tokens=tokens, sequences=sequences, scale=scale)
-        for tokens, sequences in per_step.cpu().tolist()
+        MiniBatchNorm(tokens=tokens, sequences=sequences, scale=float(n * world_size))
+        for (tokens, sequences), n in zip(per_step.cpu().tolist(), steps, strict=True)
     ]
 
 

@@ -42,8 +42,10 @@ from strategies.deepspeed.step import (
     grad_norm,
     mini_batch_norms,
     split_micro_batches,
+    token_micro_batches,
 )
 from strategies.deepspeed.zero import batched_forward, plain_strategy_config, release_zero3_params
+from strategies.micro_batches import PackedRows, packed_forward
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class DeepSpeedTrainStrategy:
         infer_batch_size: int = 8,
         head: str = "lm",
         logprob_temperature: float = 1.0,
+        max_tokens_per_micro_batch: int | None = None,
+        use_sequence_packing: bool = False,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
@@ -75,6 +79,11 @@ class DeepSpeedTrainStrategy:
         self.seed = seed
         self.max_steps = max_steps
         self.infer_batch_size = infer_batch_size
+        # micro batches of about this many tokens (None: of per_device_train_batch_size rows /
+        # infer_batch_size rows), each packed into one row without padding (strategies/
+        # micro_batches.py)
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.use_sequence_packing = use_sequence_packing
         self.engine: Any = None
         self.ds_config: dict[str, Any] = {}
         self._offloaded = False
@@ -93,6 +102,8 @@ class DeepSpeedTrainStrategy:
             infer_batch_size=worker.infer_batch_size,
             head=head,
             logprob_temperature=ctx.logprob_temperature,
+            max_tokens_per_micro_batch=worker.max_tokens_per_micro_batch,
+            use_sequence_packing=worker.use_sequence_packing,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -149,6 +160,10 @@ class DeepSpeedTrainStrategy:
         if self.head == "value":
             if with_entropy:
                 raise ValueError("a value model has no token distribution (with_entropy=True)")
+            if self.use_sequence_packing:
+                rows = PackedRows.of(attention_mask_BT)
+                values_M = packed_forward(model, input_ids_BT, rows)[:, 0].float()
+                return {"values_BT": rows.unpack(values_M)}
             return {"values_BT": forward_values(model, input_ids_BT, attention_mask_BT)}
         return _common.forward_logprobs(
             model,
@@ -156,6 +171,7 @@ class DeepSpeedTrainStrategy:
             attention_mask_BT,
             with_entropy=with_entropy,
             temperature=self.logprob_temperature if temperature is None else temperature,
+            packed=self.use_sequence_packing,
         )
 
     def _require_head(self, head: str, what: str) -> None:
@@ -174,20 +190,47 @@ class DeepSpeedTrainStrategy:
     ) -> dict[str, float]:
         """Run ``batch`` (this rank's share) as micro batches of ``per_device_train_batch_size``;
         DeepSpeed steps the optimizer every ``gradient_accumulation_steps`` micro batches, so a
-        batch of ``k * micro * accumulation`` rows makes ``k`` optimizer steps."""
+        batch of ``k * micro * accumulation`` rows makes ``k`` optimizer steps.
+
+        With ``max_tokens_per_micro_batch`` each optimizer step's ``micro * accumulation`` rows
+        are cut by tokens instead (``step.token_micro_batches``); the strategy then marks the
+        accumulation boundary and averages over the step's own micro-batch count, so the
+        gradient is the row-count path's."""
         micro = self.training_args.per_device_train_batch_size
         accum = self.training_args.gradient_accumulation_steps
-        chunks = split_micro_batches(batch, micro=micro, accum=accum)
+        budget = self.max_tokens_per_micro_batch
+        if budget is None:
+            chunks = split_micro_batches(batch, micro=micro, accum=accum)
+            steps = [accum] * (len(chunks) // accum)
+        else:
+            chunks, steps = token_micro_batches(
+                batch,
+                budget=budget,
+                micro=micro,
+                accum=accum,
+                packed=self.use_sequence_packing,
+                world_size=self.world_size,
+                device=self.device,
+            )
         self.engine.train()
         norms = mini_batch_norms(
-            chunks, loss_fn, accum=accum, world_size=self.world_size, device=self.device
+            chunks, loss_fn, steps=steps, world_size=self.world_size, device=self.device
         )
         tally = StepTally()
-        for i, mb in enumerate(chunks):
-            kwargs = {"norm": norms[i // accum]} if norms is not None else {}
-            self._train_micro_batch(
-                _common.to_device(mb, self.device), loss_fn, kwargs, with_entropy, tally
-            )
+        chunk_iter = iter(chunks)
+        try:
+            for k, n in enumerate(steps):
+                kwargs = {"norm": norms[k]} if norms is not None else {}
+                for j in range(n):
+                    mb = _common.to_device(next(chunk_iter), self.device)
+                    # row-count micro batches: DeepSpeed's own micro-step counter decides
+                    at_boundary = None if budget is None else j == n - 1
+                    self._train_micro_batch(
+                        mb, loss_fn, kwargs, with_entropy, tally, at_boundary=at_boundary, count=n
+                    )
+        finally:
+            if budget is not None:
+                self.engine.set_gradient_accumulation_boundary(None)
         return tally.result(len(chunks))
 
     def _train_micro_batch(
@@ -197,9 +240,16 @@ class DeepSpeedTrainStrategy:
         loss_kwargs: dict[str, Any],
         with_entropy: bool,
         tally: StepTally,
+        *,
+        at_boundary: bool | None,
+        count: int,
     ) -> None:
         """Forward, backward and ``engine.step`` of one micro batch (an optimizer step at the
-        accumulation boundary)."""
+        accumulation boundary: DeepSpeed's micro-step counter decides, or ``at_boundary`` when
+        not None). The loss is averaged over the ``count`` micro batches of its optimizer step
+        (DeepSpeed's ``scale_wrt_gas`` would divide by ``gradient_accumulation_steps``)."""
+        if at_boundary is not None:
+            self.engine.set_gradient_accumulation_boundary(at_boundary)
         out = self._forward(
             self.engine, mb["input_ids"], mb["attention_mask"], with_entropy=with_entropy
         )
@@ -208,7 +258,7 @@ class DeepSpeedTrainStrategy:
         boundary = self.engine.is_gradient_accumulation_boundary()
         if boundary:
             tally.lrs.append(self.lr_scheduler.get_last_lr()[0])
-        self.engine.backward(loss)
+        self.engine.backward(loss / count, scale_wrt_gas=False)
         # DeepSpeed reports no norm for fp32 ZeRO-0 without clipping: take it from the
         # gradients (already averaged over the ranks at the boundary) before the step.
         own_norm = grad_norm(self.module) if boundary and self.zero_stage == 0 else None
@@ -284,6 +334,8 @@ class DeepSpeedTrainStrategy:
                 device=self.device,
                 lockstep=self.zero_stage == 3 and self.world_size > 1,
                 empty_keys=keys,
+                max_tokens=self.max_tokens_per_micro_batch,
+                packed=self.use_sequence_packing,
             )
         finally:
             self.engine.train(was_training)

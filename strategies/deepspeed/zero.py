@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from roll_ds.config.plain import plain_dict
 from strategies import _common
+from strategies.micro_batches import token_batched_forward
 
 
 def batched_logprobs(
@@ -24,11 +25,14 @@ def batched_logprobs(
     device: torch.device,
     lockstep: bool,
     temperature: float = 1.0,
+    max_tokens: int | None = None,
+    packed: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Log-probs (and entropy) in chunks of ``batch_size``; see ``batched_forward``."""
+    """Log-probs (and entropy) in chunks of ``batch_size`` rows or ``max_tokens`` tokens, each
+    ``packed`` or not; see ``batched_forward``."""
     return batched_forward(
         lambda ids, mask: _common.forward_logprobs(
-            model, ids, mask, with_entropy=with_entropy, temperature=temperature
+            model, ids, mask, with_entropy=with_entropy, temperature=temperature, packed=packed
         ),
         input_ids_BT,
         attention_mask_BT,
@@ -36,6 +40,8 @@ def batched_logprobs(
         device=device,
         lockstep=lockstep,
         empty_keys=("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
+        max_tokens=max_tokens,
+        packed=packed,
     )
 
 
@@ -48,11 +54,25 @@ def batched_forward(
     device: torch.device,
     lockstep: bool,
     empty_keys: tuple[str, ...],
+    max_tokens: int | None = None,
+    packed: bool = False,
 ) -> dict[str, torch.Tensor]:
     """``forward(ids, mask)`` in chunks of ``batch_size``, outputs concatenated on the CPU (the
     ``empty_keys``, ``[0, T-1]``, when this rank has no rows). With ``lockstep`` (ZeRO-3 over
     several ranks) every rank runs as many forwards as the busiest one, since each forward
-    all-gathers parameters."""
+    all-gathers parameters. ``max_tokens``: chunks by tokens instead (``token_batched_forward``;
+    ``packed`` says how a chunk's tokens count)."""
+    if max_tokens is not None:
+        return token_batched_forward(
+            forward,
+            input_ids_BT,
+            attention_mask_BT,
+            max_tokens=max_tokens,
+            packed=packed,
+            device=device,
+            lockstep=lockstep,
+            empty_keys=empty_keys,
+        )
     n = input_ids_BT.shape[0]
     spans = list(_common.iter_chunks(n, batch_size))
     rounds = len(spans)

@@ -60,6 +60,8 @@ def make_strategy(
     zero: dict[str, Any] | None = None,
     ds_extra: dict[str, Any] | None = None,
     infer_batch_size: int = 4,
+    max_tokens_per_micro_batch: int | None = None,
+    use_sequence_packing: bool = False,
     **args: Any,
 ):
     """A DeepSpeedTrainStrategy on a preset (``zero`` updates its zero_optimization section,
@@ -85,6 +87,8 @@ def make_strategy(
         seed=seed,
         max_steps=max_steps,
         infer_batch_size=infer_batch_size,
+        max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+        use_sequence_packing=use_sequence_packing,
     )
     strategy.initialize()
     return strategy

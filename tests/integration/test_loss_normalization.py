@@ -8,6 +8,10 @@ on the whole mini-batch at once. AdamW with a large epsilon makes the first upda
 to the gradient (lr * g / (|g| + eps)), so a wrongly scaled gradient shows in the weights, and
 the reported grad norm is compared too. A control run with per-micro-batch normalization (the
 old behaviour) must miss the reference, so the test can tell the two apart.
+
+Micro-batches cut by a token budget (``max_tokens_per_micro_batch``: a varying number per
+optimizer step, matched across the ranks), with and without padding-free packing, must give the
+same update; their log-prob passes (``compute_logprobs``) must match the row-count pass's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ LR, EPS = 1.0, 1.0  # first AdamW update ~ lr * g / (|g| + eps): linear in g for
 # fp32, one step: the splits differ from the reference only in summation order.
 RTOL, ATOL = 1e-4, 2e-7
 SPLITS = {1: [(1, 8), (4, 2), (8, 1)], 2: [(1, 4), (2, 2), (4, 1)]}
+# Widths are 4-33 tokens: 40 makes 3-5 micro-batches per rank (counts differ between the ranks).
+TOKEN_BUDGET = 40
 AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
@@ -91,7 +97,7 @@ def _rank_rows(batch: dict, rank: int, world_size: int) -> dict:
     return {k: v[rank * per : (rank + 1) * per] for k, v in batch.items()}
 
 
-def _train_once(model_path: str, stage: int, micro: int, accum: int, loss_fn) -> dict:
+def _train_once(model_path: str, stage: int, micro: int, accum: int, loss_fn, **token_args) -> dict:
     zero = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}
     s = make_strategy(
         model_path,
@@ -102,8 +108,10 @@ def _train_once(model_path: str, stage: int, micro: int, accum: int, loss_fn) ->
         max_grad_norm=1e6,  # never clips, but makes every stage report the grad norm
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accum,
+        **token_args,
     )
     rows = _rank_rows(_mini_batch(), s.rank, s.world_size)
+    logprobs = s.compute_logprobs(rows["input_ids"], rows["attention_mask"])["logprobs_BT"]
     metrics = s.train_step(rows, loss_fn, with_entropy=True)
     weights = {  # numpy: torch tensors would cross the process boundary as shared memory
         name: tensor.detach().clone().numpy()
@@ -111,7 +119,7 @@ def _train_once(model_path: str, stage: int, micro: int, accum: int, loss_fn) ->
         for name, tensor in bucket
     }
     s.close()
-    return {"metrics": metrics, "weights": weights}
+    return {"metrics": metrics, "weights": weights, "logprobs": logprobs.numpy()}
 
 
 def _splits_on_ranks(model_path: str) -> dict:
@@ -121,6 +129,17 @@ def _splits_on_ranks(model_path: str) -> dict:
         for micro, accum in SPLITS[world]:
             out[f"zero{stage}_{micro}x{accum}"] = _train_once(
                 model_path, stage, micro, accum, _policy_loss()
+            )
+        micro, accum = SPLITS[world][0]
+        for packed in (False, True):
+            out[f"zero{stage}_{'packed' if packed else 'tokens'}{TOKEN_BUDGET}"] = _train_once(
+                model_path,
+                stage,
+                micro,
+                accum,
+                _policy_loss(),
+                max_tokens_per_micro_batch=TOKEN_BUDGET,
+                use_sequence_packing=packed,
             )
     micro, accum = SPLITS[world][0]
     for mode in AGG_MODES[1:]:
@@ -185,6 +204,14 @@ def test_every_split_matches_the_whole_mini_batch(tiny_qwen2_dir, world_size):
             prefix = name.rsplit("_", 1)[0]
             mode = prefix if prefix in AGG_MODES else "token-mean"
             _check(f"rank {rank} {name}", got, refs[mode])
+        # Log-probs by tokens (and packed) equal the row-count pass's where they are defined.
+        mask = _rank_rows(_mini_batch(), rank, world_size)["attention_mask"].numpy()
+        valid = mask[:, 1:] * mask[:, :-1]
+        for stage in (0, 3):
+            rows = res[f"zero{stage}_{SPLITS[world_size][0][0]}x{SPLITS[world_size][0][1]}"]
+            for kind in ("tokens", "packed"):
+                got = res[f"zero{stage}_{kind}{TOKEN_BUDGET}"]["logprobs"]
+                assert abs((got - rows["logprobs"]) * valid).max() < 1e-5, (rank, stage, kind)
         # The control: per-micro-batch normalization gives a different gradient.
         control = res["per_micro_batch"]
         assert control["metrics"]["grad_norm"] != pytest.approx(

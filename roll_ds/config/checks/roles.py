@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from roll_ds.config.checks.components import component_problems
 from roll_ds.config.checks.fields import role_field_problems
+from roll_ds.config.checks.micro_batches import micro_batch_problems
 from roll_ds.config.roles import DEVICE_ROLES, TRAIN_ROLES
 from roll_ds.config.schema import ModelArgs, RewardConfig, RLVRConfig, WorkerConfig
 from roll_ds.config.strategies import STRATEGIES, STRATEGY_SPECS, load_hook
@@ -39,6 +40,7 @@ def role_problems(
         problems += component_problems("reward_role", name, role)
     problems += role_field_problems(name, role)
     problems += lora_target_problems(name, role.model_args)
+    problems += micro_batch_problems(cfg, name, role)
     return problems
 
 

@@ -15,6 +15,7 @@ from strategies.micro_batches import (
     plan_micro_batches,
     row_widths,
     select_rows,
+    token_batched_forward,
     widen,
 )
 
@@ -161,3 +162,35 @@ def test_packed_value_head_equals_padded():
     rows = PackedRows.of(mask)
     packed = rows.unpack(packed_forward(model, ids, rows)[:, 0].float())
     assert (padded - packed)[valid].abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_token_batched_forward_returns_rows_in_order(packed):
+    model = _tiny_model("sdpa").eval()
+    ids, mask = _batch()
+    valid = (mask[:, 1:] * mask[:, :-1]).bool()
+    with torch.no_grad():
+        whole = forward_logprobs(model, ids, mask)["logprobs_BT"]
+        out = token_batched_forward(
+            lambda i, m: forward_logprobs(model, i, m, packed=packed),
+            ids,
+            mask,
+            max_tokens=20,
+            packed=packed,
+            device=torch.device("cpu"),
+            lockstep=False,
+            empty_keys=("logprobs_BT",),
+        )["logprobs_BT"]
+    assert out.shape == whole.shape
+    assert (out - whole)[valid].abs().max() < 1e-5
+    empty = token_batched_forward(
+        None,
+        ids[:0],
+        mask[:0],
+        max_tokens=20,
+        packed=packed,
+        device="cpu",
+        lockstep=False,
+        empty_keys=("logprobs_BT",),
+    )
+    assert empty["logprobs_BT"].shape == (0, ids.shape[1] - 1)
