@@ -271,6 +271,13 @@ class AsyncGenerationConfig:
 
     # 0: the synchronous loop (sync -> generate -> train, each waiting for the last).
     max_staleness: int = 0
+    # batch: each step's batch is one generate call on the rollout actors; a sync waits for
+    # the calls in flight and every batch is sampled by one policy version (bit-reproducible).
+    # stream: batches stream through the engine's request queue (strategies/vllm/stream.py);
+    # a sync pauses it between decode steps, requests in flight go on with the new weights
+    # and each token records the version that sampled it. More overlap, not bit-reproducible
+    # (where a sync lands depends on timing). Needs the vllm strategy and lora_sync=merged.
+    mode: str = "batch"
 
 
 @dataclass

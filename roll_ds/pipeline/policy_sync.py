@@ -3,11 +3,15 @@
 ``PolicySync`` tracks which policy version the engines serve (``rollout_version``; None: never
 synced), builds the weight transport (``roll_ds.weight_sync``) on the first sync, and after
 each sync compares the engines' log-probs with the trainer's on a few train prompts
-(``weight_sync.parity_check``); a gap above the bound stops the run.
+(``weight_sync.parity_check``); a gap above the bound stops the run. Under
+``async_generation.mode=stream`` the engines' request streams are paused for the transfer and
+resumed with the new version's label (``strategies/vllm/stream.py``); the parity probe then
+runs beside the requests in flight.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +40,12 @@ class PolicySync:
         self.last_parity: float | None = None  # max |delta| of the latest parity probe
         self.transport: Any = None  # built once, on the first sync
         self.parity_probe: Any = None
+
+    @property
+    def streaming(self) -> bool:
+        """``async_generation.mode=stream``: generation goes on around each sync."""
+        ag = self.cfg.async_generation
+        return ag.mode == "stream" and ag.max_staleness > 0
 
     @property
     def actor_train(self) -> Any:
@@ -68,7 +78,14 @@ class PolicySync:
                 rollout_dtype=self.cfg.actor_infer.model_args.dtype,
             )
         self.colocation.enter(SYNC, policy_version)  # trainer loaded, engine weights awake
+        if self.streaming:  # requests in flight wait between two decode steps
+            started = time.perf_counter()
+            self.actor_infer.call("pause_generation")
+            paused_s = time.perf_counter() - started
         metrics = self.transport.sync(self.actor_train, self.actor_infer)
+        if self.streaming:
+            self.actor_infer.call("resume_generation", policy_version)
+            metrics["sync/pause_s"] = paused_s
         self.colocation.synced(policy_version)
         self.last_parity = None
         if ws.parity_check:

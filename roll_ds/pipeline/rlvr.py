@@ -227,7 +227,8 @@ class RLVRPipeline:
         """One step: weights -> rollout -> reward -> logprob -> advantage -> train. Under
         ``async_generation`` the rollout is the batch generated ahead (``rollout_queue``) while
         the next ones generate beside the training, and the new weights reach the engines at
-        the end of the step, between generation batches."""
+        the end of the step: between generation batches (``mode: batch``), or between two
+        decode steps of the requests in flight (``mode: stream``)."""
         timings: dict[str, float] = {}
         with timed(timings, "sync"):
             sync_metrics = self.sync_weights()
@@ -248,8 +249,9 @@ class RLVRPipeline:
             metrics.update(self.train(batch, step))
         self.policy_version = step + 1
         if self.queue is not None:
-            with timed(timings, "rollout_wait"):  # the trainer waits for the next batch
-                self.queue.wait_next()
+            if not self.policy_sync.streaming:  # a sync would queue behind the batches
+                with timed(timings, "rollout_wait"):  # the trainer waits for the next batch
+                    self.queue.wait_next()
             with timed(timings, "sync_after"):
                 self._unreported_sync = self.sync_weights()
         metrics.update(rollout_stats)
@@ -297,8 +299,19 @@ class RLVRPipeline:
         if self.use_critic:
             jobs["critic"] = (CRITIC_KEYS, self.value_loss_fn)
         seed = step_seed(self.cfg.seed, step, 0)
+        balance = {  # roles cutting micro-batches by tokens get rows dealt to ranks by tokens
+            name: role.training_args.per_device_train_batch_size
+            * role.training_args.gradient_accumulation_steps
+            for name in jobs
+            if (role := getattr(self.cfg, name)).max_tokens_per_micro_batch is not None
+        }
         return train_passes(
-            self.clusters, batch, jobs, ppo_epochs=self.cfg.algorithm.ppo_epochs, seed=seed
+            self.clusters,
+            batch,
+            jobs,
+            ppo_epochs=self.cfg.algorithm.ppo_epochs,
+            seed=seed,
+            balance=balance,
         )
 
     # --- evaluation and checkpoints --------------------------------------------------------

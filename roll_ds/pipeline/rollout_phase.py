@@ -33,6 +33,17 @@ from roll_ds.pipeline.seeds import step_seed
 from roll_ds.pipeline.sequences import pack_samples, pad_token_id
 
 
+@dataclass(frozen=True)
+class StreamedBatch:
+    """A batch in the rollout engines' request streams; ``get`` waits for its samples."""
+
+    cluster: Any
+    tag: str
+
+    def get(self, timeout_s: float | None = None) -> Batch:
+        return self.cluster.submit("collect_stream", self.tag).get(timeout_s)
+
+
 @dataclass
 class RolloutPhase:
     """Generates and scores the training batches. ``clusters`` holds ``actor_infer`` and the
@@ -60,7 +71,11 @@ class RolloutPhase:
             batch, stats = self.rollout_and_score(step, policy_version)
             stats["rollout/staleness"] = 0.0
             return batch, stats
-        self.queue.fill(step, lambda s: self._submit_step(s, policy_version, rollout_version))
+        self.queue.fill(
+            step,
+            lambda s: self._submit_step(s, policy_version, rollout_version),
+            stop=self.cfg.max_steps,
+        )
         started = time.perf_counter()
         item = self.queue.take(step)
         waited = time.perf_counter() - started
@@ -68,7 +83,7 @@ class RolloutPhase:
         first = join_samples(prompts, item.output, self.tokenizer)
         batch, stats = self.rollout_and_score(step, policy_version, first=first)
         stats["time/rollout_generate"] = waited  # the part of generation the step waited for
-        stats["rollout/staleness"] = float(step - item.version)
+        stats["rollout/staleness"], stats["rollout/staleness_mean"] = item.staleness(step)
         return batch, stats
 
     def rollout_and_score(
@@ -162,11 +177,15 @@ class RolloutPhase:
             version=rollout_version,
             rows=[self._row_index[id(p)] for p in prompts],
             seed=seed,
-            call=self._submit_generation(prompts, seed, policy_version),
+            call=self._submit_generation(prompts, seed, policy_version, tag=f"step-{step}"),
         )
 
-    def _submit_generation(self, prompts: list[dict], seed: int, policy_version: int) -> Any:
-        """Start ``n`` samples per prompt on the rollout engines; a pending call."""
+    def _submit_generation(
+        self, prompts: list[dict], seed: int, policy_version: int, tag: str | None = None
+    ) -> Any:
+        """Start ``n`` samples per prompt on the rollout engines; a pending call (``.get()``
+        waits for the samples). A ``tag``ged batch under ``async_generation.mode=stream``
+        joins the engines' request streams instead of queueing behind the batches there."""
         self.colocation.enter(GENERATE, policy_version)
         prompt_batch = Batch(
             non_tensors={
@@ -174,7 +193,11 @@ class RolloutPhase:
                 "row": range(len(prompts)),
             }
         )
-        return self.clusters["actor_infer"].submit("generate", prompt_batch, seed=seed)
+        infer = self.clusters["actor_infer"]
+        if tag is None or self.cfg.async_generation.mode != "stream":
+            return infer.submit("generate", prompt_batch, seed=seed)
+        infer.call("submit_stream", prompt_batch, tag=tag, seed=seed)
+        return StreamedBatch(infer, tag)
 
     def score(self, samples: Batch) -> None:
         """Fill ``scores`` and ``reward_info`` by sending each domain to its reward role."""

@@ -26,8 +26,11 @@ from typing import Any
 
 import numpy as np
 
-# The generation result columns an in-flight batch keeps (RolloutWorker.generate's output).
+# The generation result columns an in-flight batch keeps (RolloutWorker.generate's output);
+# a streamed batch (async_generation.mode: stream) also has VERSIONS, the policy version that
+# sampled each response token.
 COLUMNS = ("row", "response_ids", "rollout_logprobs", "finish_reason")
+VERSIONS = "token_versions"
 STATE_FILE = "rollouts_in_flight.npz"
 
 
@@ -46,9 +49,18 @@ class InFlight:
     def collect(self, timeout_s: float | None = None) -> dict[str, list[Any]]:
         if self.output is None:
             result = self.call.get(timeout_s)
-            self.output = {key: list(result[key]) for key in COLUMNS}
+            keys = [*COLUMNS, VERSIONS] if VERSIONS in result else COLUMNS
+            self.output = {key: list(result[key]) for key in keys}
             self.call = None
         return self.output
+
+    def staleness(self, step: int) -> tuple[float, float]:
+        """(max, mean) policy versions between the weights that sampled this batch's tokens
+        and ``step``'s: per token for a streamed batch, else the submitting version."""
+        versions = [v for row in (self.output or {}).get(VERSIONS, []) for v in row if v >= 0]
+        if not versions:
+            return float(step - self.version), float(step - self.version)
+        return float(step - min(versions)), step - sum(versions) / len(versions)
 
 
 class RolloutQueue:
@@ -65,10 +77,12 @@ class RolloutQueue:
         """The step the next submitted batch is for (None: nothing submitted yet)."""
         return self.items[-1].step + 1 if self.items else None
 
-    def fill(self, step: int, submit: Callable[[int], InFlight]) -> None:
-        """Submit the batches of steps ``step .. step + depth`` that are not in flight yet."""
+    def fill(self, step: int, submit: Callable[[int], InFlight], stop: int | None = None) -> None:
+        """Submit the batches of steps ``step .. step + depth`` that are not in flight yet,
+        short of step ``stop`` (the run's ``max_steps``: nothing trains on later batches)."""
         first = step if self.next_step is None else self.next_step
-        for s in range(first, step + self.depth + 1):
+        last = step + self.depth if stop is None else min(step + self.depth, stop - 1)
+        for s in range(first, last + 1):
             self.items.append(submit(s))
 
     def take(self, step: int, timeout_s: float | None = None) -> InFlight:
@@ -110,6 +124,8 @@ class RolloutQueue:
             )
             arrays.update(_ragged(f"{i}.response_ids", out["response_ids"], np.int64))
             arrays.update(_ragged(f"{i}.rollout_logprobs", out["rollout_logprobs"], np.float64))
+            if VERSIONS in out:
+                arrays.update(_ragged(f"{i}.{VERSIONS}", out[VERSIONS], np.int64))
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         with open(directory / STATE_FILE, "wb") as f:
             np.savez(f, **arrays)
@@ -129,6 +145,8 @@ class RolloutQueue:
                     "response_ids": _unragged(data, f"{i}.response_ids", int),
                     "rollout_logprobs": _unragged(data, f"{i}.rollout_logprobs", float),
                 }
+                if f"{i}.{VERSIONS}.flat" in data:
+                    output[VERSIONS] = _unragged(data, f"{i}.{VERSIONS}", int)
                 self.items.append(
                     InFlight(m["step"], m["version"], m["rows"], m["seed"], output=output)
                 )

@@ -110,6 +110,10 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
     """A rank of a rollout role; its weight-sync methods (the receiving side) come from
     ``ReceiverWorkerMixin``."""
 
+    def __init__(self, role_cfg: WorkerConfig, ctx: StrategyContext) -> None:
+        super().__init__(role_cfg, ctx)
+        self._stream_rows: dict[str, int] = {}  # streamed batch tag -> its first prompt's row
+
     @register(Dispatch.DP)
     def generate(self, batch: Batch, *, seed: int, **sampling: Any) -> Batch:
         """``n`` samples per prompt (``prompt_ids`` column); rows come back grouped by prompt."""
@@ -127,6 +131,44 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
                 "finish_reason": out["finish_reason"],
             }
         )
+
+    # --- streaming generation (async_generation.mode: stream) ---------------------------------
+
+    @register(Dispatch.DP)
+    def submit_stream(self, batch: Batch, *, tag: str, seed: int, **sampling: Any) -> None:
+        """Start generating this rank's share of ``batch`` as ``generate`` would, without
+        waiting: the requests join the engine's stream (``collect_stream(tag)`` takes them)."""
+        first_row = int(batch["row"][0])
+        self._stream_rows[tag] = first_row
+        self.strategy.submit(
+            tag, list(batch["prompt_ids"]), seed=seed, first_prompt_index=first_row, **sampling
+        )
+
+    @register(Dispatch.DP)
+    def collect_stream(self, tag: str, timeout_s: float | None = None) -> Batch:
+        """Batch ``tag``'s samples (``generate``'s columns plus ``token_versions``), once
+        finished; rows of all ranks concatenate in prompt order."""
+        out = self.strategy.collect(tag, timeout_s)
+        first_row = self._stream_rows.pop(tag)
+        return Batch(
+            non_tensors={
+                "row": [first_row + i for i in out["prompt_index"]],
+                "response_ids": out["response_ids"],
+                "rollout_logprobs": out["logprobs"],
+                "finish_reason": out["finish_reason"],
+                "token_versions": out["token_versions"],
+            }
+        )
+
+    @register(Dispatch.ALL)
+    def pause_generation(self) -> None:
+        """Before a sync: stop the stream between two decode steps."""
+        self.strategy.pause_generation()
+
+    @register(Dispatch.ALL)
+    def resume_generation(self, version: int) -> None:
+        """After a sync: generate on, labelling new tokens with policy ``version``."""
+        self.strategy.resume_generation(version)
 
     @register(Dispatch.DP)
     def generate_turns(self, batch: Batch, *, seed: int, **sampling: Any) -> Batch:

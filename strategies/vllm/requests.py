@@ -75,14 +75,29 @@ def sampled_logprobs(token_ids: Sequence[int], position_logprobs: Sequence[Any])
     return [float(pos[tok].logprob) for tok, pos in zip(token_ids, position_logprobs, strict=True)]
 
 
-def parse_request_outputs(outputs: Sequence[Any], n: int) -> dict[str, list[Any]]:
+def token_versions(spans: Sequence[Any] | None, num_tokens: int) -> list[int]:
+    """The policy version of each of a sample's ``num_tokens`` tokens from vLLM's
+    ``weight_versions`` spans (``version`` label, ``[start, end)``); -1 where no span or an
+    unnumbered label (vLLM's ``"default"``, before the first labelled sync) covers a token."""
+    versions = [-1] * num_tokens
+    for span in spans or ():
+        label = str(span.version)
+        if label.lstrip("-").isdigit():
+            versions[span.start : span.end] = [int(label)] * (span.end - span.start)
+    return versions[:num_tokens]
+
+
+def parse_request_outputs(
+    outputs: Sequence[Any], n: int, *, with_versions: bool = False
+) -> dict[str, list[Any]]:
     """vLLM ``RequestOutput``s (one per prompt, in prompt order) as flat per-sample lists, prompt
     major: sample ``j`` of prompt ``i`` is row ``i * n + j``.
 
     Keys: ``prompt_index``, ``sample_index``, ``response_ids`` (generated ids, a stop token
     included), ``logprobs`` (the sampled tokens' raw log-probs, same length),
     ``finish_reason`` (``"stop"``: eos or a stop token, ``"length"``: hit max_new_tokens),
-    ``stop_reason`` (the stop token id that ended the sample, None for eos / length).
+    ``stop_reason`` (the stop token id that ended the sample, None for eos / length) and,
+    ``with_versions``, ``token_versions`` (``token_versions``: who sampled each token).
     """
     result: dict[str, list[Any]] = {
         "prompt_index": [],
@@ -92,6 +107,8 @@ def parse_request_outputs(outputs: Sequence[Any], n: int) -> dict[str, list[Any]
         "finish_reason": [],
         "stop_reason": [],
     }
+    if with_versions:
+        result["token_versions"] = []
     for prompt_index, request in enumerate(outputs):
         samples = sorted(request.outputs, key=lambda c: c.index)
         if len(samples) != n:
@@ -104,6 +121,9 @@ def parse_request_outputs(outputs: Sequence[Any], n: int) -> dict[str, list[Any]
             result["logprobs"].append(sampled_logprobs(ids, sample.logprobs))
             result["finish_reason"].append(sample.finish_reason)
             result["stop_reason"].append(sample.stop_reason)
+            if with_versions:
+                spans = getattr(sample, "weight_versions", None)
+                result["token_versions"].append(token_versions(spans, len(ids)))
     return result
 
 

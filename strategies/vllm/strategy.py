@@ -44,6 +44,7 @@ pass a new seed every step (for instance ``base_seed + step``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -74,6 +75,7 @@ from strategies.vllm.start import (
     vllm_api_problems,
     vllm_range,
 )
+from strategies.vllm.stream import RequestStream
 
 if TYPE_CHECKING:
     import torch
@@ -214,6 +216,9 @@ class VllmStrategy:
         self._lora_request: Any = None  # the synced adapter vLLM serves, once there is one
         self.llm: Any = None
         self._in_process = False
+        self._stream: RequestStream | None = None  # started by submit / pause_generation
+        self._stream_n: dict[str, int] = {}  # samples per prompt of each streamed batch
+        self._calls = 0
         self._asleep: set[str] = set()  # SLEEP_TAGS offloaded by offload_states
 
     @classmethod
@@ -285,7 +290,7 @@ class VllmStrategy:
     # -----------------------------------------------------------------------------------------
     # rollouts
 
-    def generate(
+    def _requests(
         self,
         prompts: list[list[int]],
         *,
@@ -300,9 +305,9 @@ class VllmStrategy:
         first_prompt_index: int = 0,
         prompt_indices: Sequence[int] | None = None,
         max_new_tokens_each: Sequence[int] | None = None,
-    ) -> dict[str, list[Any]]:
-        """``n`` samples for each prompt (token ids); see ``parse_request_outputs`` for the
-        result. Arguments left None come from ``generating_args`` (``seed`` too: None there
+    ) -> tuple[list[dict], list[Any], int]:
+        """vLLM requests, sampling parameters and ``n`` for ``n`` samples of each prompt
+        (token ids). Arguments left None come from ``generating_args`` (``seed`` too: None there
         means unseeded sampling); ``stop_token_ids`` default to the constructor's. Prompt ``i``
         is seeded as the batch's prompt ``first_prompt_index + i`` (or ``prompt_indices[i]``),
         so a batch split over several engines samples what one engine would.
@@ -339,10 +344,85 @@ class VllmStrategy:
             for index, limit in zip(indices, limits, strict=True)
         ]
         requests = [{"prompt_token_ids": list(p)} for p in _check_prompts(prompts)]
+        return requests, params, n
+
+    def generate(self, prompts: list[list[int]], **kwargs: Any) -> dict[str, list[Any]]:
+        """``n`` samples for each prompt (token ids); see ``parse_request_outputs`` for the
+        result and ``_requests`` for the arguments. With the request stream started
+        (``submit``), the batch joins the requests in flight there."""
+        requests, params, n = self._requests(prompts, **kwargs)
+        if self._stream is not None:
+            return parse_request_outputs(self._stream_call(requests, params), n)
         outputs = self.llm.generate(
             requests, params, lora_request=self._lora_request, use_tqdm=False
         )
         return parse_request_outputs(outputs, n)
+
+    # -----------------------------------------------------------------------------------------
+    # streaming generation (async_generation.mode: stream; strategies/vllm/stream.py)
+
+    def submit(self, tag: str, prompts: list[list[int]], **kwargs: Any) -> None:
+        """Start generating batch ``tag`` (``generate``'s arguments) and return at once; the
+        request stream starts on the first call. ``collect(tag)`` waits for the samples."""
+        requests, params, n = self._requests(prompts, **kwargs)
+        self._start_stream().submit(tag, requests, params, self._lora_request)
+        self._stream_n[tag] = n
+
+    def collect(self, tag: str, timeout_s: float | None = None) -> dict[str, list[Any]]:
+        """Batch ``tag``'s samples as ``generate`` returns them, plus ``token_versions``: the
+        policy version that sampled each response token (``resume_generation``'s labels)."""
+        if self._stream is None:
+            raise RuntimeError(f"collect({tag!r}): nothing was submitted to the request stream")
+        outputs = self._stream.wait(tag, timeout_s)
+        return parse_request_outputs(outputs, self._stream_n.pop(tag), with_versions=True)
+
+    def pause_generation(self) -> None:
+        """Stop the request stream between two decode steps (starting it if needed): the
+        weight sync that follows may replace the weights under the requests in flight."""
+        self._start_stream().pause()
+
+    def resume_generation(self, version: int) -> None:
+        """Generate on after a sync; tokens from now on are labelled policy ``version``."""
+        self._start_stream().resume(version)
+
+    def _start_stream(self) -> RequestStream:
+        self._require_awake()
+        if self._stream is None:
+            if self._lora_request is not None or self._adapters is not None:
+                raise RuntimeError(
+                    "streaming generation swaps weights under requests in flight; adapter "
+                    "syncs (weight_sync.lora_sync=adapter) retire the adapter those requests "
+                    "use: use lora_sync=merged with async_generation.mode=stream"
+                )
+            self._stream = RequestStream(self.llm, in_process=self._in_process)
+        return self._stream
+
+    def _stream_call(self, requests: list[dict], params: list[Any]) -> list[Any]:
+        """One batch through the request stream, waited for."""
+        self._calls += 1
+        tag = f"call-{self._calls}"
+        self._stream.submit(tag, requests, params, self._lora_request)
+        return self._stream.wait(tag)
+
+    def _engine_rpc(self) -> contextlib.AbstractContextManager[Any]:
+        """The engine for a weight reload: directly, or between two steps of the request
+        stream, which must be paused when requests are in flight (the new weights would
+        otherwise land under them unannounced, their tokens labelled with the old version)."""
+        if self._stream is None:
+            return contextlib.nullcontext(self.llm)
+        if self._stream.unfinished > 0 and not self._stream.paused:
+            raise RuntimeError(
+                "a weight reload under streaming generation needs pause_generation() first "
+                f"({self._stream.unfinished} requests in flight)"
+            )
+        return self._stream.engine_call()
+
+    def _reset_kv_after_reload(self, llm: Any) -> None:
+        """Drop the KV computed with the old weights. Requests in flight in the stream are
+        preempted too and recompute their prefix with the new weights when they resume."""
+        running = self._stream is not None and self._stream.unfinished > 0
+        if not llm.reset_prefix_cache(reset_running_requests=running):
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
 
     def compute_logprobs(
         self,
@@ -365,12 +445,13 @@ class VllmStrategy:
         rows = unpadded_rows(input_ids_BT, attention_mask_BT)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         scored = [i for i, r in enumerate(rows) if len(r) >= 2]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": rows[i]} for i in scored],
-            params,
-            lora_request=self._lora_request,
-            use_tqdm=False,
-        )
+        requests = [{"prompt_token_ids": rows[i]} for i in scored]
+        if self._stream is not None:
+            outputs = self._stream_call(requests, [params.clone() for _ in scored])
+        else:
+            outputs = self.llm.generate(
+                requests, params, lora_request=self._lora_request, use_tqdm=False
+            )
         logprobs_BT = torch.zeros(input_ids_BT.shape[0], input_ids_BT.shape[1] - 1)
         for b, out in zip(scored, outputs, strict=True):
             values = sampled_logprobs(rows[b][1:], out.prompt_logprobs[1:])  # [0] is None
@@ -391,17 +472,18 @@ class VllmStrategy:
         if self._adapters is not None:
             stats = write_adapter(named_tensors, self._adapters.config, self._adapters.next_dir())
             return {**stats, **self._serve_new_adapter()}
-        if self._in_process:
-            stats = self.llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))
-        else:
+        if not self._in_process:
             # The model crosses vLLM's serializer as one host byte buffer (a tensor would arrive
             # as an untyped list): fine for small models; large ones should go through a group
             # transport received on the worker side.
             payload = tensors_to_wire(named_tensors)
             self._warn_host_copy(len(payload["data"]))
-            stats = self.llm.collective_rpc("roll_ds_reload_packed", args=(payload,))
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
+        with self._engine_rpc() as llm:
+            if self._in_process:
+                stats = llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))
+            else:
+                stats = llm.collective_rpc("roll_ds_reload_packed", args=(payload,))
+            self._reset_kv_after_reload(llm)
         return stats[0]
 
     def _warn_host_copy(self, nbytes: int) -> None:
@@ -448,11 +530,12 @@ class VllmStrategy:
         adapter = None
         if self._adapters is not None:  # worker 0 writes the adapter directory
             adapter = adapter_to_wire(self._adapters.next_dir(), self._adapters.config)
-        per_worker = self.llm.collective_rpc("roll_ds_receive_weights", args=(plane, adapter))
+        with self._engine_rpc() as llm:
+            per_worker = llm.collective_rpc("roll_ds_receive_weights", args=(plane, adapter))
+            if adapter is None:
+                self._reset_kv_after_reload(llm)
         if adapter is not None:
             return {**per_worker[0], **self._serve_new_adapter(), "workers": len(per_worker)}
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
         return {**per_worker[0], "workers": len(per_worker)}
 
     def leave_transfer_group(self) -> None:
@@ -548,6 +631,9 @@ class VllmStrategy:
             self._adapters, self._lora_request = None, None
         if self.llm is None:
             return
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         try:
             self.llm.llm_engine.engine_core.shutdown()
         finally:

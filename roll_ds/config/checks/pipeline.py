@@ -111,16 +111,47 @@ def algorithm_problems(cfg: RLVRConfig) -> list[str]:
     return []
 
 
+ASYNC_MODES = ("batch", "stream")
+
+
 def async_problems(cfg: RLVRConfig) -> list[str]:
-    """``async_generation``: what the asynchronous loop does not do (yet)."""
+    """``async_generation``: its mode, and what the asynchronous loop does not do (yet)."""
+    mode = cfg.async_generation.mode
+    if mode not in ASYNC_MODES:
+        return [f"async_generation.mode: unknown mode {mode!r}; valid: {', '.join(ASYNC_MODES)}"]
     if cfg.async_generation.max_staleness < 1:
+        if mode == "stream":
+            return [
+                "async_generation.mode=stream streams generation beside training; set "
+                "async_generation.max_staleness >= 1 (or mode=batch for the synchronous loop)"
+            ]
         return []
     problems = []
+    if mode == "stream":
+        problems += stream_problems(cfg)
     if cfg.algorithm.dynamic_sampling:
         problems.append(
             "async_generation.max_staleness: algorithm.dynamic_sampling resamples within a step, "
             "which the asynchronous loop does not do; set async_generation.max_staleness=0 or "
             "algorithm.dynamic_sampling=false"
+        )
+    return problems
+
+
+def stream_problems(cfg: RLVRConfig) -> list[str]:
+    """``async_generation.mode=stream`` pauses vLLM's request queue for each sync."""
+    problems = []
+    strategy = cfg.actor_infer.strategy_args.strategy_name
+    if strategy != "vllm":
+        problems.append(
+            f"async_generation.mode=stream needs actor_infer.strategy_args.strategy_name=vllm "
+            f"(it pauses vLLM's request queue for each sync), got {strategy!r}; use mode=batch"
+        )
+    if cfg.weight_sync.lora_sync == "adapter":
+        problems.append(
+            "async_generation.mode=stream swaps weights under requests in flight, but "
+            "weight_sync.lora_sync=adapter retires the adapter those requests use; set "
+            "weight_sync.lora_sync=merged or async_generation.mode=batch"
         )
     return problems
 

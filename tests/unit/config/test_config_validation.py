@@ -589,3 +589,19 @@ def test_async_generation_values():
     msg = only("async_generation.max_staleness=1", "algorithm.dynamic_sampling=true")
     assert "dynamic_sampling" in msg and "max_staleness=0" in msg
     load_config("rlvr_lora_zero3", ["async_generation.max_staleness=2"], check_files=False)
+
+
+def test_async_generation_stream_mode():
+    assert only("async_generation.mode=queue") == (
+        "async_generation.mode: unknown mode 'queue'; valid: batch, stream"
+    )
+    msg = only("async_generation.mode=stream")
+    assert "max_staleness >= 1" in msg
+    msg = only(
+        "async_generation.mode=stream",
+        "async_generation.max_staleness=1",
+        "weight_sync.lora_sync=adapter",
+    )
+    assert "lora_sync=merged" in msg
+    stream = ["async_generation.mode=stream", "async_generation.max_staleness=2"]
+    load_config("rlvr_lora_zero3", stream, check_files=False)

@@ -87,3 +87,38 @@ def test_no_state_file_means_an_empty_queue(tmp_path):
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="max_staleness"):
         RolloutQueue(depth=0)
+
+
+def test_fill_stops_short_of_max_steps():
+    queue, submitted = RolloutQueue(depth=2), []
+    queue.fill(3, _submitter([3], submitted), stop=5)  # a 5-step run: steps 3 and 4 only
+    assert submitted == [3, 4]
+    queue.take(3)
+    queue.fill(4, _submitter([4], submitted), stop=5)
+    assert submitted == [3, 4]  # nothing trains on a step-5 batch
+
+
+class _StreamedCall(_Call):
+    """A streamed batch: tokens labelled with the version that sampled them (-1: unlabelled)."""
+
+    def get(self, timeout_s=None):
+        return {**super().get(timeout_s), "token_versions": [[2, 3], [-1]]}
+
+
+def test_streamed_batches_report_per_token_staleness_and_keep_it_in_checkpoints(tmp_path):
+    queue = RolloutQueue(depth=2)
+    queue.fill(4, lambda s: InFlight(s, 2, rows=[s], seed=s, call=_StreamedCall(s)), stop=6)
+    item = queue.take(4)
+    # tokens of versions 2 and 3 trained at step 4: at most 2 versions old, 1.5 on average
+    assert item.staleness(4) == (2.0, 1.5)
+    queue.save(tmp_path)
+    restored = RolloutQueue(depth=2)
+    restored.load(tmp_path)
+    assert restored.items[0].output == queue.items[0].output
+    assert restored.items[0].output["token_versions"] == [[2, 3], [-1]]
+
+
+def test_batch_mode_staleness_is_the_submitting_version():
+    item = InFlight(7, 5, rows=[0], seed=0, call=_Call(7))
+    item.collect()
+    assert item.staleness(7) == (2.0, 2.0)

@@ -310,3 +310,28 @@ def test_prompt_seeds_do_not_depend_on_the_split_over_rollout_workers():
         seeds_by_split[world_size] = [ids[0] for ids in out["response_ids"]]
     assert seeds_by_split[1] == seeds_by_split[2] == seeds_by_split[3]
     assert len(set(seeds_by_split[1])) == 7
+
+
+@dataclass
+class Span:
+    """vLLM's WeightVersionSpan: output tokens [start, end) sampled by weights ``version``."""
+
+    version: str
+    start: int
+    end: int
+
+
+def test_token_versions_come_from_vllm_weight_version_spans():
+    from strategies.vllm.requests import token_versions
+
+    assert token_versions([Span("3", 0, 2), Span("4", 2, 5)], 5) == [3, 3, 4, 4, 4]
+    assert token_versions([Span("default", 0, 1), Span("0", 1, 3)], 3) == [-1, 0, 0]
+    assert token_versions(None, 2) == [-1, -1]  # no label reported
+
+
+def test_outputs_carry_token_versions_on_request():
+    sample = completion(0, [1, 2, 3])
+    sample.weight_versions = [Span("1", 0, 1), Span("2", 1, 3)]
+    got = parse_request_outputs([Request([sample])], n=1, with_versions=True)
+    assert got["token_versions"] == [[1, 2, 2]]
+    assert "token_versions" not in parse_request_outputs([Request([sample])], n=1)
