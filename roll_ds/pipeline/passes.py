@@ -8,6 +8,12 @@ permutation from a generator seeded by ``(seed, pass)``, so a resumed run repeat
 A training role's LR schedule spans every optimizer step of the run (``schedule_steps``): each
 pass makes one per ``per_device_train_batch_size x gradient_accumulation_steps x world size``
 rows.
+
+A role with ``max_tokens_per_micro_batch`` cuts its rows into micro-batches by tokens, and every
+rank runs as many as the busiest; so its rows are dealt to the ranks by tokens first
+(``balance_ranks``): within each optimizer step, the longest rows first, each to the rank with
+the fewest tokens so far, equal row counts. Which rows make an optimizer step does not change,
+so neither does the gradient.
 """
 
 from __future__ import annotations
@@ -35,6 +41,37 @@ def pass_orders(num_rows: int, ppo_epochs: int, seed: int) -> list[list[int]]:
     return orders
 
 
+def balance_ranks(
+    order: Sequence[int], tokens: Sequence[int], *, world_size: int, rows_per_step: int
+) -> list[int]:
+    """``order`` rearranged so that each of the ``world_size`` consecutive rank chunks holds
+    about the same tokens in every optimizer step (``rows_per_step`` rows per rank), and the
+    same rows per step as before. ``tokens``: per row index. Orders that do not split into
+    whole steps per rank are returned unchanged."""
+    n = len(order)
+    if world_size < 2 or rows_per_step < 1 or n % (world_size * rows_per_step):
+        return list(order)
+    per_rank = n // world_size
+    out = list(order)
+    for start in range(0, per_rank, rows_per_step):
+        slots = [
+            list(range(r * per_rank + start, r * per_rank + start + rows_per_step))
+            for r in range(world_size)
+        ]
+        rows = sorted((order[i] for rank in slots for i in rank), key=lambda i: -tokens[i])
+        filled = [0] * world_size
+        load = [0] * world_size
+        for row in rows:
+            rank = min(
+                (r for r in range(world_size) if filled[r] < rows_per_step),
+                key=lambda r: (load[r], r),
+            )
+            out[slots[rank][filled[rank]]] = row
+            filled[rank] += 1
+            load[rank] += tokens[row]
+    return out
+
+
 def merge_pass_metrics(per_pass: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """One metrics dict for the step: ``optimizer_steps`` summed over passes, ``lr`` the last
     pass's, every other key averaged over the passes that report it."""
@@ -58,19 +95,31 @@ def train_passes(
     *,
     ppo_epochs: int,
     seed: int,
+    balance: Mapping[str, int] | None = None,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of every training role in ``jobs`` (``{role: (columns, loss_fn)}``)
-    over ``batch``, the roles side by side on the same row order. Metrics: ``actor_train``'s
-    unprefixed (``grad_norm``, ``lr``, ...) as the loss names them, the critic's under
-    ``critic/``."""
+    over ``batch``, the roles side by side on the same row order; a role in ``balance``
+    (``{role: rows per rank per optimizer step}``) gets it dealt by tokens (``balance_ranks``).
+    Metrics: ``actor_train``'s unprefixed (``grad_norm``, ``lr``, ...) as the loss names them,
+    the critic's under ``critic/``."""
     parts = {
         name: batch.select(*[k for k in keys if k in batch], meta=False)
         for name, (keys, _) in jobs.items()
     }
     per_pass: dict[str, list[dict[str, float]]] = {name: [] for name in jobs}
+    balance = balance or {}
+    tokens = batch["attention_mask"].sum(-1).tolist() if balance else []
     for order in pass_orders(len(batch), ppo_epochs, seed):
+        orders = {
+            name: balance_ranks(
+                order, tokens, world_size=clusters[name].world_size, rows_per_step=balance[name]
+            )
+            if name in balance
+            else order
+            for name in jobs
+        }
         calls = {
-            name: clusters[name].submit("train_step", parts[name].index(order), loss_fn)
+            name: clusters[name].submit("train_step", parts[name].index(orders[name]), loss_fn)
             for name, (_, loss_fn) in jobs.items()
         }
         for name, call in calls.items():
