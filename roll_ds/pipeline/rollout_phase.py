@@ -41,7 +41,7 @@ class StreamedBatch:
     tag: str
 
     def get(self, timeout_s: float | None = None) -> Batch:
-        return self.cluster.submit("collect_stream", self.tag).get(timeout_s)
+        return Batch.concat(self.cluster.submit("collect_stream", self.tag).get(timeout_s))
 
 
 @dataclass

@@ -144,10 +144,10 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
             tag, list(batch["prompt_ids"]), seed=seed, first_prompt_index=first_row, **sampling
         )
 
-    @register(Dispatch.DP)
+    @register(Dispatch.ALL)
     def collect_stream(self, tag: str, timeout_s: float | None = None) -> Batch:
-        """Batch ``tag``'s samples (``generate``'s columns plus ``token_versions``), once
-        finished; rows of all ranks concatenate in prompt order."""
+        """This rank's share of batch ``tag`` (``generate``'s columns plus
+        ``token_versions``), once finished; the ranks' shares concatenate in prompt order."""
         out = self.strategy.collect(tag, timeout_s)
         first_row = self._stream_rows.pop(tag)
         return Batch(

@@ -98,3 +98,30 @@ def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
     assert proc.returncode != 0
     assert "actor_infer" in stderr and "rank 0" in stderr, stderr[-3000:]
     assert took < 120, took
+
+
+STREAM = ("async_generation.max_staleness=2", "async_generation.mode=stream")
+
+
+def test_streaming_two_versions_ahead_then_sigkill_and_resume(tmp_path: Path):
+    """``mode=stream``: batches of steps t+1 and t+2 generate in the engine's request stream
+    while step t trains; each sync pauses it between decode steps. Staleness is bounded by
+    admission (<= 2, measured per token), parity holds after every sync, and the batches in
+    flight at a checkpoint are stored with it: the resumed run trains on them."""
+    assert sigkill_after_first_checkpoint(tmp_path, *STREAM) == "step_000002"
+    checkpoint = tmp_path / "rlvr_lora_zero3" / "checkpoints" / "step_000002"
+    import numpy as np
+
+    with np.load(checkpoint / "rollouts_in_flight.npz") as saved:  # steps 2 and 3, per token
+        assert {"0.token_versions.flat", "1.token_versions.flat"} <= set(saved.files)
+    resumed = run(tmp_path, *STREAM, "resume_from_checkpoint=latest")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    rows = {r["step"]: r for r in metrics(tmp_path)}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    for step in (1, 2, 3, 4):
+        row = rows[step]
+        assert 0.0 <= row["rollout/staleness_mean"] <= row["rollout/staleness"] <= 2.0, row
+        assert row["sync/parity_max_abs_diff"] < 1e-4
+        assert "time/rollout_wait" not in row  # the sync does not wait for the batches
+    assert rows[1]["rollout/staleness"] == 0.0  # the first batch: the initial weights only
+    assert "sync/pause_s" in rows[2]
