@@ -124,11 +124,6 @@ def _runner_problems(cfg: Any) -> list[str]:
             "actor_infer.strategy_args.strategy_name: agentic episodes are generated token in / "
             "token out on vllm; set it to vllm"
         )
-    if cfg.async_generation.max_staleness:
-        problems.append(
-            "async_generation.max_staleness: agentic episodes are generated synchronously for "
-            "now; set it to 0"
-        )
     if algo.dynamic_sampling:
         problems.append(
             "algorithm.dynamic_sampling: not available for agentic episodes yet; set it to false"

@@ -9,7 +9,8 @@ training, checkpoints and exact resume are the same code. What differs:
   (``roll_ds/algorithms/turns.py``);
 - evaluation plays the held-out environment seeds (``eval/success``);
 - the environment seeds of a step are a function of ``(seed, step)``, so nothing about them is
-  checkpointed; the weight-sync parity probe uses the first observations of training episodes.
+  checkpointed; the weight-sync parity probe uses the first observations of training episodes;
+- under ``async_generation`` the queue of steps played ahead is an ``EpisodeQueue``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
 from roll_ds.models.embedded import resolve_pretrain
 from roll_ds.pipeline.episode_phase import EpisodePhase, episode_specs, train_seeds
+from roll_ds.pipeline.episode_queue import EpisodeQueue
 from roll_ds.pipeline.rlvr import RLVRPipeline
 from roll_ds.pipeline.sequences import pad_token_id
 
@@ -43,6 +45,8 @@ class AgenticPipeline(RLVRPipeline):
     def __init__(self, cfg: RLVRConfig) -> None:
         super().__init__(cfg)
         self.env_pool: Any = None
+        if self.queue is not None:  # async_generation: episodes played ahead
+            self.queue = EpisodeQueue(self.queue.depth)
 
     def _env_specs(self) -> dict[str, EnvTypeSpec]:
         return {
@@ -98,9 +102,12 @@ class AgenticPipeline(RLVRPipeline):
             tokenizer=self.tokenizer,
             pool=self.env_pool,
             pad_id=pad_token_id(self.tokenizer),
+            queue=self.queue,
         )
 
     def shutdown(self) -> None:
+        if isinstance(self.rollouts, EpisodePhase):
+            self.rollouts.close()
         if self.env_pool is not None:
             self.env_pool.shutdown()
             self.env_pool = None

@@ -10,13 +10,18 @@ KL, entropy, advantages and log-prob metrics) covers the policy's tokens only.
 
 ``evaluate`` plays the held-out groups (``val_env_manager``, seeds from
 ``agentic.val_seed_offset``) with ``validation.generating_args`` (greedy by default).
+
+Under ``async_generation`` the episodes of the next ``max_staleness`` steps are played in
+driver threads while the trainer trains (``episode_queue.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +34,11 @@ from roll_ds.config.agentic import EnvManagerConfig
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
 from roll_ds.pipeline.colocation import GENERATE, Choreography
+from roll_ds.pipeline.episode_queue import EpisodeQueue, EpisodesInFlight
 from roll_ds.pipeline.seeds import step_seed
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
+
+EVAL_FIRST_ID = 1 << 40  # held-out episode ids while training episodes are in flight
 
 
 def group_tags(manager: EnvManagerConfig) -> list[str]:
@@ -102,53 +110,89 @@ class EpisodePhase:
     tokenizer: Any
     pool: Any  # roll_ds.agentic.env_pool.RayEnvPool
     pad_id: int
+    queue: EpisodeQueue | None = None  # async_generation: the steps played ahead
     _runner: EpisodeRunner = field(init=False, repr=False)
+    _eval_runner: EpisodeRunner = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        gen = self.cfg.validation.generating_args
+        greedy = {"temperature": gen.temperature, "top_p": gen.top_p, "top_k": gen.top_k}
+        self._runner = self._episode_runner({})  # the rollout's generating_args
+        self._eval_runner = self._episode_runner(greedy)
+        self._threads = (
+            ThreadPoolExecutor(self.queue.depth + 1, thread_name_prefix="roll_ds-episodes")
+            if self.queue is not None
+            else None
+        )
+
+    def _episode_runner(self, sampling: dict[str, Any]) -> EpisodeRunner:
         cfg = self.cfg
         limits = {
             tag: TurnLimits(spec.max_actions_per_traj, spec.max_tokens_per_step)
             for tag, spec in cfg.custom_envs.items()
         }
-        self._runner = EpisodeRunner(
+        return EpisodeRunner(
             tokenizer=self.tokenizer,
             pool=self.pool,
-            generate=self._generate,
+            generate=functools.partial(self._generate, sampling=sampling),
             limits=limits,
             max_context_tokens=cfg.prompt_length + cfg.response_length,
             error_reward=cfg.agentic.error_reward,
         )
-        self._sampling: dict[str, Any] = {}
 
     def step_batch(
         self, step: int, *, policy_version: int, rollout_version: int | None
     ) -> tuple[Batch, dict[str, float]]:
-        cfg, manager = self.cfg, self.cfg.train_env_manager
-        seeds = train_seeds(cfg.seed, step, manager.num_env_groups, cfg.agentic.val_seed_offset)
+        cfg = self.cfg
         started = time.perf_counter()
-        self.colocation.enter(GENERATE, policy_version)
-        self._sampling = {}  # the rollout's generating_args
-        episodes, timings = self._runner.run(
-            episode_specs(manager, seed_of_group=seeds), seed=step_seed(cfg.seed, step, 1)
-        )
+        if self.queue is None:
+            self.colocation.enter(GENERATE, policy_version)
+            episodes, timings = self._play(step)
+            staleness = 0.0
+        else:  # played ahead (episode_queue.py); the step waits for what is not done yet
+            self.queue.fill(step, lambda s: self._submit(s, rollout_version), stop=cfg.max_steps)
+            item = self.queue.take(step)
+            episodes, timings = item.output["episodes"], item.output["timings"]
+            staleness = item.staleness(step)[0]
+        waited = time.perf_counter() - started
         batch = pack_episodes(episodes, self.pad_id, gamma=cfg.agentic.turn_gamma)
         stats = episode_metrics(episodes, "rollout")
         stats["rollout/score"] = float(batch["scores"].mean())
-        stats["rollout/staleness"] = 0.0
-        stats["time/rollout_generate"] = timings["generate_s"]
+        stats["rollout/staleness"] = staleness
+        stats["time/rollout_generate"] = (
+            timings["generate_s"] if self.queue is None else waited
+        )  # async: the part of playing the step waited for
         stats["time/rollout_env"] = timings["env_s"]
-        stats["time/rollout_episodes"] = time.perf_counter() - started
+        stats["time/rollout_episodes"] = waited
         return batch, stats
 
+    def _play(self, step: int) -> tuple[list[Episode], dict]:
+        """Step ``step``'s episodes, played to the end. Played ahead (async), their ids start
+        at ``step x episodes per step``: the environments of steps in flight never share one."""
+        cfg, manager = self.cfg, self.cfg.train_env_manager
+        seeds = train_seeds(cfg.seed, step, manager.num_env_groups, cfg.agentic.val_seed_offset)
+        first_id = 0 if self.queue is None else step * manager.num_env_groups * manager.group_size
+        specs = episode_specs(manager, seed_of_group=seeds, first_id=first_id)
+        return self._runner.run(specs, seed=step_seed(cfg.seed, step, 1))
+
+    def _submit(self, step: int, rollout_version: int | None) -> EpisodesInFlight:
+        assert rollout_version is not None, "the engines must be synced before generating"
+        future = self._threads.submit(self._play, step)
+        return EpisodesInFlight(step=step, version=rollout_version, future=future)
+
     def evaluate(self) -> dict[str, float]:
-        """``eval/success`` (and per tag, turns, tool calls, ...) on the held-out seeds."""
+        """``eval/success`` (and per tag, turns, tool calls, ...) on the held-out seeds. With
+        training episodes in flight (async) the held-out ones take ids above theirs."""
         cfg, manager = self.cfg, self.cfg.val_env_manager
-        gen = cfg.validation.generating_args
-        self._sampling = {"temperature": gen.temperature, "top_p": gen.top_p, "top_k": gen.top_k}
         seeds = [cfg.agentic.val_seed_offset + g for g in range(manager.num_env_groups)]
-        episodes, _ = self._runner.run(episode_specs(manager, seed_of_group=seeds), seed=cfg.seed)
-        self._sampling = {}
+        first_id = 0 if self.queue is None else EVAL_FIRST_ID
+        specs = episode_specs(manager, seed_of_group=seeds, first_id=first_id)
+        episodes, _ = self._eval_runner.run(specs, seed=cfg.seed)
         return episode_metrics(episodes, "eval")
+
+    def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
 
     def _generate(
         self,
@@ -156,6 +200,8 @@ class EpisodePhase:
         max_new_tokens: list[int],
         rows: list[int],
         seed: int,
+        *,
+        sampling: dict[str, Any],
     ) -> dict[str, list[Any]]:
         """One turn of every context on the rollout workers; results in ``contexts`` order."""
         batch = Batch(
@@ -163,7 +209,7 @@ class EpisodePhase:
         )
         out = (
             self.clusters["actor_infer"]
-            .submit("generate_turns", batch, seed=seed, **self._sampling)
+            .submit("generate_turns", batch, seed=seed, **sampling)
             .get()
         )
         order = {int(r): i for i, r in enumerate(out["row"])}
