@@ -29,6 +29,19 @@ VARIANTS = {
     "sync_reuse": ["algorithm.old_logprobs=auto"],
     "async": ["async_generation.max_staleness=1"],
     "async_rollout": ["async_generation.max_staleness=1", "algorithm.old_logprobs=rollout"],
+    "async2_rollout": ["async_generation.max_staleness=2", "algorithm.old_logprobs=rollout"],
+    # streaming generation: a sync pauses the engines between decode steps instead of waiting
+    # for the batches in flight (async_generation.mode=stream)
+    "stream_rollout": [
+        "async_generation.max_staleness=1",
+        "async_generation.mode=stream",
+        "algorithm.old_logprobs=rollout",
+    ],
+    "stream2_rollout": [
+        "async_generation.max_staleness=2",
+        "async_generation.mode=stream",
+        "algorithm.old_logprobs=rollout",
+    ],
 }
 PHASES = ("rollout_generate", "logprobs", "train", "sync")
 
