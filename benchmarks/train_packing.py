@@ -7,9 +7,10 @@ token-budget micro-batches packed without padding (``max_tokens_per_micro_batch`
 
 The real ``deepspeed_train`` strategy (ZeRO-0, fp32, one rank) trains one mixed-length batch:
 prompts of ``--prompt`` tokens, responses uniformly 8 to ``--max-response`` tokens,
-right-padded, with the actor's PPO loss. Each setting builds its own engine from the same
-checkpoint, runs a dropped warm-up ``train_step`` and then ``--repeats`` timed ones (the
-median is reported), and times the log-prob pass (``compute_logprobs``) the same way. The
+right-padded, with the actor's PPO loss. Each setting has its own engine built from the same
+checkpoint; after a dropped warm-up ``train_step`` and log-prob pass (``compute_logprobs``) of
+each, ``--repeats`` rounds time every setting once in turn (round-robin, so that a loaded
+machine's drift hits them alike), and the medians are reported. The
 optimizer-step structure is the same in every setting (``--micro`` x ``--accum`` rows per
 optimizer step); the token budget defaults to what a row-count micro-batch holds padded
 (``micro x longest row``), so no setting uses more activation memory than the padded one.
@@ -103,37 +104,51 @@ def build_strategy(model_dir: str, args: argparse.Namespace, budget: int | None,
     return strategy
 
 
-def timed(fn, repeats: int) -> list[float]:
-    fn()  # warm-up, dropped
-    out = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - started)
-    return out
+def seconds(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
-def measure(name: str, model_dir: str, args: argparse.Namespace, batch: dict, budget: int):
-    uses_budget, packed = SETTINGS[name]
-    strategy = build_strategy(model_dir, args, budget if uses_budget else None, packed)
+def measure(names: list[str], model_dir: str, args: argparse.Namespace, batch: dict, budget: int):
+    """Every setting's train_step and log-prob pass times, the settings in turn each round."""
     loss = policy_loss()
+    strategies = {}
     try:
-        train_s = timed(lambda: strategy.train_step(batch, loss), args.repeats)
-        logprobs_s = timed(
-            lambda: strategy.compute_logprobs(batch["input_ids"], batch["attention_mask"]),
-            args.repeats,
-        )
+        for name in names:
+            uses_budget, packed = SETTINGS[name]
+            strategies[name] = build_strategy(
+                model_dir, args, budget if uses_budget else None, packed
+            )
+        jobs = {
+            name: (
+                lambda s=s: s.train_step(batch, loss),
+                lambda s=s: s.compute_logprobs(batch["input_ids"], batch["attention_mask"]),
+            )
+            for name, s in strategies.items()
+        }
+        for train, logprobs in jobs.values():  # warm-up, dropped
+            train(), logprobs()
+        times = {name: {"train_s": [], "logprobs_s": []} for name in names}
+        for round_ in range(args.repeats):
+            for name, (train, logprobs) in jobs.items():
+                times[name]["train_s"].append(seconds(train))
+                times[name]["logprobs_s"].append(seconds(logprobs))
+            print(f"  round {round_ + 1}/{args.repeats} done", flush=True)
     finally:
-        strategy.close()
-    return {
-        "setting": name,
-        "max_tokens_per_micro_batch": budget if uses_budget else None,
-        "use_sequence_packing": packed,
-        "train_s": train_s,
-        "train_median_s": statistics.median(train_s),
-        "logprobs_s": logprobs_s,
-        "logprobs_median_s": statistics.median(logprobs_s),
-    }
+        for s in strategies.values():
+            s.close()
+    return [
+        {
+            "setting": name,
+            "max_tokens_per_micro_batch": budget if SETTINGS[name][0] else None,
+            "use_sequence_packing": SETTINGS[name][1],
+            **times[name],
+            "train_median_s": statistics.median(times[name]["train_s"]),
+            "logprobs_median_s": statistics.median(times[name]["logprobs_s"]),
+        }
+        for name in names
+    ]
 
 
 def model_dir_for(name: str, cache: Path) -> str:
@@ -184,12 +199,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.accum}; token budget {budget}; torch threads {torch.get_num_threads()}",
         flush=True,
     )
-    results = []
-    for name in args.settings:
-        r = measure(name, model_dir, args, batch, budget)
-        results.append(r)
+    results = measure(args.settings, model_dir, args, batch, budget)
+    for r in results:
         print(
-            f"  {name:14s} train {r['train_median_s']:7.2f} s   logprobs "
+            f"  {r['setting']:14s} train {r['train_median_s']:7.2f} s   logprobs "
             f"{r['logprobs_median_s']:6.2f} s   (train runs {[round(t, 2) for t in r['train_s']]})",
             flush=True,
         )
