@@ -40,3 +40,37 @@ def test_hand_example_and_orders_left_alone():
     assert balanced == [0, 6, 7, 1, 2, 4, 5, 3]  # rank sums 22 and 22
     assert balance_ranks([2, 0, 1], [5, 5, 5], world_size=1, rows_per_step=3) == [2, 0, 1]
     assert balance_ranks(range(6), [1] * 6, world_size=4, rows_per_step=1) == list(range(6))
+
+
+class _Cluster:
+    """The Ray boundary: two ranks; records the row order each train_step gets."""
+
+    world_size = 2
+
+    def __init__(self) -> None:
+        self.orders: list[list[int]] = []
+
+    def submit(self, method, batch, loss_fn):
+        self.orders.append(batch["input_ids"][:, 0].tolist())
+        return type("Pending", (), {"get": lambda self: [{"loss": 1.0}, {"loss": 1.0}]})()
+
+
+def test_train_passes_deals_a_budgeted_roles_rows_by_tokens():
+    import torch
+
+    from roll_ds.distributed.batch import Batch
+    from roll_ds.pipeline.passes import train_passes
+
+    lengths = [8, 8, 8, 8, 1, 1, 1, 1]  # rollout order: the long rows all on rank 0
+    mask = torch.tensor([[1] * n + [0] * (8 - n) for n in lengths])
+    batch = Batch({"input_ids": torch.arange(8).unsqueeze(1).expand(8, 8), "attention_mask": mask})
+    clusters = {"actor_train": _Cluster(), "critic": _Cluster()}
+    jobs = {
+        "actor_train": (("input_ids", "attention_mask"), None),
+        "critic": (("input_ids",), None),
+    }
+    train_passes(clusters, batch, jobs, ppo_epochs=1, seed=0, balance={"actor_train": 4})
+    [actor], [critic] = clusters["actor_train"].orders, clusters["critic"].orders
+    assert critic == list(range(8))  # no budget: rollout order
+    assert sorted(actor) == list(range(8))
+    assert sum(lengths[i] for i in actor[:4]) == sum(lengths[i] for i in actor[4:]) == 18
