@@ -394,7 +394,7 @@ class VllmStrategy:
                     "syncs (weight_sync.lora_sync=adapter) retire the adapter those requests "
                     "use: use lora_sync=merged with async_generation.mode=stream"
                 )
-            self._stream = RequestStream(self.llm, in_process=self._in_process)
+            self._stream = RequestStream(self.llm)
         return self._stream
 
     def _stream_call(self, requests: list[dict], params: list[Any]) -> list[Any]:
@@ -634,18 +634,24 @@ class VllmStrategy:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+        from vllm.v1.engine.core_client import InprocClient
+
+        # Only an engine core in this process set up this process's parallel state; another
+        # engine here may still be using it otherwise.
+        owns_state = isinstance(self.llm.llm_engine.engine_core, InprocClient)
         try:
             self.llm.llm_engine.engine_core.shutdown()
         finally:
             self.llm = None
             gc.collect()
-            from vllm.distributed.parallel_state import (
-                destroy_distributed_environment,
-                destroy_model_parallel,
-            )
+            if owns_state:
+                from vllm.distributed.parallel_state import (
+                    destroy_distributed_environment,
+                    destroy_model_parallel,
+                )
 
-            destroy_model_parallel()
-            destroy_distributed_environment()
+                destroy_model_parallel()
+                destroy_distributed_environment()
 
 
 def _engine_in_this_process(llm: Any) -> bool:

@@ -47,13 +47,16 @@ class _Batch:
 
 class RequestStream:
     """The engine of ``llm`` (a ``vllm.LLM``) stepped by a background thread; see the module
-    docstring. ``in_process``: the engine core runs in this process (it steps only when this
-    thread calls ``step``)."""
+    docstring."""
 
-    def __init__(self, llm: Any, *, in_process: bool) -> None:
+    def __init__(self, llm: Any) -> None:
+        from vllm.v1.engine.core_client import InprocClient
+
         self._llm = llm
         self._engine = llm.llm_engine
-        self._in_process = in_process
+        # An in-process engine core steps only when this thread calls step(); one in a process
+        # of its own steps by itself and is paused through vLLM's scheduler.
+        self._in_process = isinstance(self._engine.engine_core, InprocClient)
         self._cond = threading.Condition()
         self._busy = False  # a step or an engine call is in progress
         self._callers = 0  # threads waiting for engine_call: they go before the next step

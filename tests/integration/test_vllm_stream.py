@@ -39,6 +39,41 @@ def engine(tiny_qwen2_dir):
     strategy.close()
 
 
+@pytest.fixture(params=["in_process", "multiproc"])
+def any_engine(request, engine, tiny_qwen2_dir):
+    """The module's in-process engine, or one with its engine core in a process of its own
+    (``ROLL_DS_VLLM_MULTIPROC=1``, the GPU path): that core steps by itself, so the pause is
+    vLLM's ``pause_scheduler(mode="keep")`` and the weights cross vLLM's serializer."""
+    if request.param == "in_process":
+        yield engine
+        return
+    import os
+
+    from roll_ds.platform import VLLM_MULTIPROC_ENV
+
+    saved = {k: os.environ.get(k) for k in (VLLM_MULTIPROC_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    os.environ[VLLM_MULTIPROC_ENV] = "1"
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()  # the in-process engine core froze this process's settings
+    strategy = VllmStrategy(
+        model_path=tiny_qwen2_dir, dtype="fp32", seed=0, strategy_config=ENGINE_CONFIG
+    )
+    try:
+        strategy.initialize()
+        assert not strategy._in_process
+        strategy.pause_generation()
+        strategy.resume_generation(0)
+        yield strategy
+    finally:
+        strategy.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def test_streamed_batches_sample_what_generate_samples(engine):
     batch = prompts(3, 12)
     plain = engine.generate(batch, n=2, max_new_tokens=12, seed=5, ignore_eos=True)
@@ -61,7 +96,8 @@ def test_streamed_batches_sample_what_generate_samples(engine):
         engine.collect("a")
 
 
-def test_a_sync_between_decode_steps_switches_versions_mid_sample(engine, hf_model):
+def test_a_sync_between_decode_steps_switches_versions_mid_sample(any_engine, hf_model):
+    engine = any_engine
     batch = prompts(4, 20, offset=3)
     old_model = {k: v.clone() for k, v in hf_model.state_dict().items()}
     stream = engine._stream
