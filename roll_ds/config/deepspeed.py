@@ -4,6 +4,13 @@
 arguments already state (micro batch, accumulation, clipping, precision) are copied from them, and
 bucket sizes derive from the model's hidden size. Whatever stays ``"auto"`` is an error naming the
 key, so DeepSpeed never sees the string.
+
+``zero3_frozen_base`` (top level, roll_ds's own key; DeepSpeed ignores it) says where a LoRA
+model's frozen base lives under ZeRO-3: ``partitioned`` like every other parameter (gathered in
+every forward and backward), or ``whole`` on every rank, kept out of ZeRO-3 (never gathered; only
+the adapter is partitioned). ``auto`` picks ``whole`` when the base's bytes are at most
+``FROZEN_BASE_BUDGET_FRACTION`` of one rank's memory and parameters are not offloaded, else
+``partitioned``; the built config carries the decision (``frozen_base_whole`` reads it).
 """
 
 from __future__ import annotations
@@ -15,6 +22,11 @@ from typing import Any
 
 AUTO = "auto"
 VALID_STAGES = (0, 1, 2, 3)
+FROZEN_BASE_KEY = "zero3_frozen_base"
+FROZEN_BASE_MODES = (AUTO, "whole", "partitioned")
+# "auto" keeps a LoRA base whole when it takes at most this share of a rank's memory (a GPU's, or
+# its share of host memory): the rest is left to activations, the adapter and colocated engines.
+FROZEN_BASE_BUDGET_FRACTION = 0.25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +39,9 @@ class DeepSpeedInputs:
     max_grad_norm: float
     dtype: str  # fp32 | bf16 | fp16
     hidden_size: int | None = None  # None: bucket-size "auto" values fall back to DeepSpeed's
+    lora: bool = False  # LoRA: a frozen base with a trainable adapter
+    frozen_base_bytes: int | None = None  # the frozen base's bytes; None: unknown
+    rank_memory_bytes: int | None = None  # one rank's device memory; None: unknown
 
 
 class DeepSpeedConfigError(ValueError):
@@ -104,6 +119,11 @@ def check_deepspeed_config(ds_config: Mapping[str, Any], where: str) -> list[str
         return problems
     problems += _offload_problems(ds_config, stage, where)
     problems += _value_problems(ds_config, where)
+    mode = ds_config.get(FROZEN_BASE_KEY, AUTO)
+    if mode not in FROZEN_BASE_MODES:
+        problems.append(
+            f"{where}.{FROZEN_BASE_KEY}: {mode!r} is not one of {', '.join(FROZEN_BASE_MODES)}"
+        )
     fp16 = (ds_config.get("fp16") or {}).get("enabled") is True
     bf16 = (ds_config.get("bf16") or {}).get("enabled") is True
     if fp16 and bf16:
@@ -199,6 +219,11 @@ def build_deepspeed_config(
                 else:
                     zero[key] = value
 
+    if zero_stage(cfg) == 3 and not problems:
+        cfg[FROZEN_BASE_KEY] = frozen_base_mode(cfg, inputs)
+    else:
+        cfg.pop(FROZEN_BASE_KEY, None)  # only ZeRO-3 partitions parameters
+
     micro = cfg.get("train_micro_batch_size_per_gpu")
     accum = cfg.get("gradient_accumulation_steps")
     total = cfg.get("train_batch_size")
@@ -225,6 +250,27 @@ def build_deepspeed_config(
     if problems:
         raise DeepSpeedConfigError("\n".join(problems))
     return cfg
+
+
+def frozen_base_mode(ds_config: Mapping[str, Any], inputs: DeepSpeedInputs) -> str:
+    """``whole`` or ``partitioned``: where a stage-3 config keeps the frozen base (module doc).
+    Without LoRA there is no frozen base: always ``partitioned``."""
+    mode = ds_config.get(FROZEN_BASE_KEY, AUTO)
+    if not inputs.lora:
+        return "partitioned"
+    if mode != AUTO:
+        return mode
+    if "offload_param" in offload_devices(ds_config):
+        return "partitioned"  # offloaded parameters ask for the least device memory
+    if inputs.frozen_base_bytes is None or inputs.rank_memory_bytes is None:
+        return "partitioned"
+    budget = FROZEN_BASE_BUDGET_FRACTION * inputs.rank_memory_bytes
+    return "whole" if inputs.frozen_base_bytes <= budget else "partitioned"
+
+
+def frozen_base_whole(ds_config: Mapping[str, Any]) -> bool:
+    """Whether a config built by ``build_deepspeed_config`` keeps the frozen base whole."""
+    return ds_config.get(FROZEN_BASE_KEY) == "whole"
 
 
 def _fill(section: dict[str, Any], key: str, value: Any) -> None:

@@ -67,10 +67,12 @@ def weight_units(model: torch.nn.Module, adapter: str = "default") -> list[Weigh
     produced a second time under its own name (``lm_head.weight``), as vLLM requires."""
     from peft.tuners.lora import LoraLayer
 
+    from roll_ds.models.frozen_base import named_weights
+
     hf = hf_model_of(model)
     modules = _module_by_name(hf)
     units: list[WeightUnit] = []
-    for name, param in hf.named_parameters():
+    for name, param in named_weights(hf):  # a frozen base kept whole is buffers: those too
         if is_lora_param(name):
             continue
         out_name = hf_param_name(name)

@@ -1,9 +1,16 @@
 """What ``DeepSpeedTrainStrategy.initialize`` builds before the engine: the seeds, the DeepSpeed
 config (``"auto"`` values filled from the training args) and the model (a causal LM, or the value
-model for ``head="value"``), optionally with LoRA adapters."""
+model for ``head="value"``), optionally with LoRA adapters.
+
+Under ZeRO-3 a LoRA model's frozen base is either partitioned with the rest (built partitioned)
+or, with ``zero3_frozen_base`` resolved to ``whole`` (``roll_ds.config.deepspeed``; ``auto`` does
+so when the base fits a quarter of a rank's memory), loaded whole on every rank and kept out of
+ZeRO-3 (``roll_ds.models.frozen_base``): only the adapter is partitioned and gathered."""
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -11,12 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config
+from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config, frozen_base_whole
 from roll_ds.config.schema import ModelArgs, TrainingArgs
+from roll_ds.models.frozen_base import keep_frozen_base_whole
 from roll_ds.models.loading import apply_lora, load_causal_lm
 from roll_ds.models.value_model import apply_value_lora, load_value_model
 from roll_ds.platform import current_platform
 from strategies.deepspeed.optimizer import fill_optimizer_auto
+
+logger = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -50,6 +60,11 @@ def build_train_ds_config(
             max_grad_norm=training_args.max_grad_norm,
             dtype=model_args.dtype,
             hidden_size=getattr(hf_config, "hidden_size", None),
+            lora=model_args.lora_rank is not None,
+            frozen_base_bytes=model_bytes(hf_config, model_args.dtype)
+            if model_args.lora_rank is not None
+            else None,
+            rank_memory_bytes=rank_memory_bytes(),
         ),
     )
     if (cfg.get("fp16") or {}).get("enabled") and not current_platform().is_cuda:
@@ -72,11 +87,12 @@ def load_train_model(
     load, wrap = (
         (load_value_model, apply_value_lora) if head == "value" else (load_causal_lm, apply_lora)
     )
+    whole = args.lora_rank is not None and frozen_base_whole(ds_config)
     model = load(
         model_path,
         dtype=args.dtype,
         attn_impl=args.attn_implementation,
-        zero3_config=ds_config,
+        zero3_config=None if whole else ds_config,
     )
     if not args.disable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -88,4 +104,40 @@ def load_train_model(
             dropout=args.lora_dropout,
             target=args.lora_target,
         )
+    if whole:
+        moved = keep_frozen_base_whole(model, torch.device(current_platform().device(local_rank())))
+        logger.info("ZeRO-3: %d frozen base weights kept whole, out of partitioning", moved)
     return model
+
+
+def model_bytes(hf_config: Any, dtype: str) -> int | None:
+    """Bytes of the causal LM ``hf_config`` describes, at ``dtype`` (counted on the meta
+    device, nothing allocated); None when transformers cannot build it."""
+    from transformers import AutoModelForCausalLM
+
+    from roll_ds.models.tensors import torch_dtype
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config)
+    except Exception as exc:  # an architecture without a causal-LM class, remote code, ...
+        logger.warning("model size unknown (%s): the frozen base stays partitioned", exc)
+        return None
+    numel = sum(p.numel() for p in model.parameters())  # a tied weight counted once
+    return numel * torch.empty((), dtype=torch_dtype(dtype)).element_size()
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def rank_memory_bytes() -> int | None:
+    """One rank's memory: its GPU's, or on CPU the host's divided among the local ranks."""
+    if current_platform().is_cuda and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    return host // max(1, local)

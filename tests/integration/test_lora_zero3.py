@@ -1,6 +1,7 @@
-"""LoRA (peft, all-linear) under ZeRO-3 on 2 CPU ranks: only the adapter trains, the adapter-
-disabled engine is the base model, and merged weights (sync buckets, HF export) reproduce the
-trained policy in plain transformers / peft."""
+"""LoRA (peft, all-linear) under ZeRO-3 on 2 CPU ranks, with the frozen base partitioned and kept
+whole (``zero3_frozen_base``): only the adapter trains, the adapter-disabled engine is the base
+model, and merged weights (sync buckets, HF export) reproduce the trained policy in plain
+transformers / peft."""
 
 from __future__ import annotations
 
@@ -19,9 +20,30 @@ ATOL = 1e-5  # fp32 log-probs, same weights, different kernels / gathers
 def _gathered_copy(module, trainable: bool) -> dict:
     import deepspeed
 
-    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad == trainable]
-    with deepspeed.zero.GatheredParameters([p for _, p in named]):
+    from roll_ds.models.frozen_base import named_weights
+
+    named = [(n, p) for n, p in named_weights(module) if p.requires_grad == trainable]
+    zero3 = [p for _, p in named if hasattr(p, "ds_id")]
+    with deepspeed.zero.GatheredParameters(zero3, enabled=bool(zero3)):
         return {n: p.detach().clone() for n, p in named}
+
+
+def _placement(module, world_size: int) -> dict:
+    """Frozen base weights that are ZeRO-3 parameters / whole buffers, adapter parameters
+    holding just their shard."""
+    from roll_ds.models.frozen_base import count_frozen_whole, named_weights
+
+    frozen = [t for _, t in named_weights(module) if not t.requires_grad]
+    adapter = [p for p in module.parameters() if p.requires_grad]
+    return {
+        "frozen_partitioned": sum(hasattr(t, "ds_id") for t in frozen),
+        "frozen_whole": count_frozen_whole(module),
+        "frozen_total": len(frozen),
+        "adapter_sharded": sum(
+            p.numel() == 0 and p.ds_tensor.numel() == -(-p.ds_numel // world_size) for p in adapter
+        ),
+        "adapter_total": len(adapter),
+    }
 
 
 def _hf_logprobs(path_or_model, batch):
@@ -39,7 +61,7 @@ def _hf_logprobs(path_or_model, batch):
         return forward_logprobs(model, batch["input_ids"], batch["attention_mask"])["logprobs_BT"]
 
 
-def _lora_checks(model_path: str, out_dir: str) -> dict:
+def _lora_checks(model_path: str, out_dir: str, frozen_base: str) -> dict:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -48,6 +70,7 @@ def _lora_checks(model_path: str, out_dir: str) -> dict:
         model_path,
         3,
         zero={"stage3_param_persistence_threshold": 0},
+        ds_extra={"zero3_frozen_base": frozen_base},
         lora_rank=4,
         lora_alpha=8,
         learning_rate=1e-2,
@@ -57,6 +80,13 @@ def _lora_checks(model_path: str, out_dir: str) -> dict:
     trainable = [n for n, p in s.module.named_parameters() if p.requires_grad]
     res["trainable_all_lora"] = bool(trainable) and all(".lora_" in n for n in trainable)
     res["lora_modules"] = len(trainable) // 2
+    res["placement"] = _placement(s.module, s.world_size)
+    # Sync before training: the adapter's B is zero, so the merged weights are the checkpoint's.
+    synced = {n: t for b in s.named_weights_for_sync(BUCKET_BYTES) for n, t in b}
+    source = AutoModelForCausalLM.from_pretrained(model_path, dtype="float32").state_dict()
+    res["sync_before_training_exact"] = synced.keys() == source.keys() and all(
+        torch.equal(synced[n], source[n]) for n in source
+    )
 
     base_before = _gathered_copy(s.module, trainable=False)
     lora_before = _gathered_copy(s.module, trainable=True)
@@ -103,13 +133,23 @@ def _lora_checks(model_path: str, out_dir: str) -> dict:
     return res
 
 
-def test_lora_under_zero3(tiny_qwen2_dir, tmp_path):
+@pytest.mark.parametrize("frozen_base", ["partitioned", "whole"])
+def test_lora_under_zero3(tiny_qwen2_dir, tmp_path, frozen_base):
     results = run_distributed(
-        _lora_checks, world_size=2, args=(tiny_qwen2_dir, str(tmp_path / "export")), timeout_s=400
+        _lora_checks,
+        world_size=2,
+        args=(tiny_qwen2_dir, str(tmp_path / "export"), frozen_base),
+        timeout_s=400,
     )
     for rank, res in enumerate(results):
         assert res["trainable_all_lora"], res
         assert res["lora_modules"] == 2 * 7  # all-linear: q k v o gate up down, 2 layers
+        where = res["placement"]
+        assert where["adapter_sharded"] == where["adapter_total"] == 2 * 2 * 7, where
+        whole = frozen_base == "whole"
+        assert where["frozen_whole"] == (where["frozen_total"] if whole else 0), where
+        assert where["frozen_partitioned"] == (0 if whole else where["frozen_total"]), where
+        assert res["sync_before_training_exact"], f"rank {rank}: sync differs from the checkpoint"
         assert res["base_bit_identical"], f"rank {rank}: frozen base weights moved"
         assert res["lora_changed"] == res["lora_total"], res
         assert res["losses"][-1] < res["losses"][0], res["losses"]

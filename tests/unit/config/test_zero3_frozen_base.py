@@ -1,0 +1,101 @@
+"""``zero3_frozen_base``: where a stage-3 config keeps a LoRA model's frozen base (whole or
+partitioned), resolved by ``build_deepspeed_config`` for each model size, LoRA or not, budget."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from roll_ds.config.deepspeed import (
+    FROZEN_BASE_BUDGET_FRACTION,
+    FROZEN_BASE_KEY,
+    DeepSpeedConfigError,
+    DeepSpeedInputs,
+    build_deepspeed_config,
+    check_deepspeed_config,
+    frozen_base_whole,
+)
+
+PRESETS = Path(__file__).resolve().parents[3] / "examples" / "config"
+GIB = 2**30
+
+
+def preset(name: str, **top) -> dict:
+    return {**yaml.safe_load((PRESETS / f"{name}.yaml").read_text())[name], **top}
+
+
+def inputs(**kw) -> DeepSpeedInputs:
+    base = dict(
+        micro_batch_size=2,
+        gradient_accumulation_steps=1,
+        dp_size=2,
+        max_grad_norm=1.0,
+        dtype="bf16",
+        hidden_size=512,
+        lora=True,
+        frozen_base_bytes=14 * GIB,  # a 7B model in bf16
+        rank_memory_bytes=80 * GIB,
+    )
+    return DeepSpeedInputs(**{**base, **kw})
+
+
+def resolved(cfg: dict, **kw) -> str | None:
+    return build_deepspeed_config(cfg, inputs(**kw)).get(FROZEN_BASE_KEY)
+
+
+@pytest.mark.parametrize(
+    ("base_gib", "memory_gib", "expected"),
+    [
+        (14, 80, "whole"),  # 7B bf16 on an 80 GB GPU: 17.5% of it
+        (20, 80, "whole"),  # exactly the budget
+        (21, 80, "partitioned"),
+        (140, 80, "partitioned"),  # 70B: does not fit
+        (14, 40, "partitioned"),
+    ],
+)
+def test_auto_keeps_the_base_whole_when_it_fits_the_budget(base_gib, memory_gib, expected):
+    assert FROZEN_BASE_BUDGET_FRACTION == 0.25  # the table above assumes it
+    cfg = preset("deepspeed_zero3")
+    assert cfg[FROZEN_BASE_KEY] == "auto"
+    got = resolved(cfg, frozen_base_bytes=base_gib * GIB, rank_memory_bytes=memory_gib * GIB)
+    assert got == expected
+
+
+def test_auto_partitions_without_lora_unknown_sizes_or_with_parameter_offload():
+    cfg = preset("deepspeed_zero3")
+    assert resolved(cfg, lora=False, frozen_base_bytes=None) == "partitioned"
+    assert resolved(cfg, frozen_base_bytes=None) == "partitioned"
+    assert resolved(cfg, rank_memory_bytes=None) == "partitioned"
+    assert resolved(preset("deepspeed_zero3_cpuoffload")) == "partitioned"
+
+
+def test_explicit_modes_override_the_budget():
+    huge = dict(frozen_base_bytes=1000 * GIB)
+    assert resolved(preset("deepspeed_zero3", **{FROZEN_BASE_KEY: "whole"}), **huge) == "whole"
+    assert resolved(preset("deepspeed_zero3_cpuoffload", **{FROZEN_BASE_KEY: "whole"})) == "whole"
+    small = preset("deepspeed_zero3", **{FROZEN_BASE_KEY: "partitioned"})
+    assert resolved(small, frozen_base_bytes=1) == "partitioned"
+    # full fine-tuning has no frozen base: "whole" means nothing there
+    assert resolved(preset("deepspeed_zero3", **{FROZEN_BASE_KEY: "whole"}), lora=False) == (
+        "partitioned"
+    )
+
+
+def test_resolution_is_read_back_and_dropped_below_stage_3():
+    built = build_deepspeed_config(preset("deepspeed_zero3"), inputs())
+    assert frozen_base_whole(built)
+    assert built["zero_optimization"]["stage3_param_persistence_threshold"] == 10 * 512
+    cfg = preset("deepspeed_zero2", **{FROZEN_BASE_KEY: "whole"})
+    zero2 = build_deepspeed_config(cfg, inputs())
+    assert FROZEN_BASE_KEY not in zero2 and not frozen_base_whole(zero2)
+
+
+def test_unknown_mode_is_named():
+    cfg = preset("deepspeed_zero3", **{FROZEN_BASE_KEY: "persist"})
+    problems = check_deepspeed_config(cfg, "actor_train.strategy_args.strategy_config")
+    assert problems == [
+        "actor_train.strategy_args.strategy_config.zero3_frozen_base: 'persist' is not one of "
+        "auto, whole, partitioned"
+    ]
+    with pytest.raises(DeepSpeedConfigError, match="zero3_frozen_base"):
+        build_deepspeed_config(cfg, inputs())
