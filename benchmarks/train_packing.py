@@ -10,7 +10,8 @@ prompts of ``--prompt`` tokens, responses uniformly 8 to ``--max-response`` toke
 right-padded, with the actor's PPO loss. Each setting has its own engine built from the same
 checkpoint; after a dropped warm-up ``train_step`` and log-prob pass (``compute_logprobs``) of
 each, ``--repeats`` rounds time every setting once in turn (round-robin, so that a loaded
-machine's drift hits them alike), and the medians are reported. The
+machine's drift hits them alike), and the medians of wall and CPU seconds are reported (CPU
+seconds of the process, steadier than wall time on a shared box, best with ``--threads 1``). The
 optimizer-step structure is the same in every setting (``--micro`` x ``--accum`` rows per
 optimizer step); the token budget defaults to what a row-count micro-batch holds padded
 (``micro x longest row``), so no setting uses more activation memory than the padded one.
@@ -104,10 +105,11 @@ def build_strategy(model_dir: str, args: argparse.Namespace, budget: int | None,
     return strategy
 
 
-def seconds(fn) -> float:
-    started = time.perf_counter()
+def seconds(fn) -> tuple[float, float]:
+    """Wall and CPU seconds (this process, every thread) of ``fn()``."""
+    started, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 def measure(names: list[str], model_dir: str, args: argparse.Namespace, batch: dict, budget: int):
@@ -129,11 +131,14 @@ def measure(names: list[str], model_dir: str, args: argparse.Namespace, batch: d
         }
         for train, logprobs in jobs.values():  # warm-up, dropped
             train(), logprobs()
-        times = {name: {"train_s": [], "logprobs_s": []} for name in names}
+        keys = ("train_s", "train_cpu_s", "logprobs_s", "logprobs_cpu_s")
+        times = {name: {key: [] for key in keys} for name in names}
         for round_ in range(args.repeats):
             for name, (train, logprobs) in jobs.items():
-                times[name]["train_s"].append(seconds(train))
-                times[name]["logprobs_s"].append(seconds(logprobs))
+                for job, key in ((train, "train"), (logprobs, "logprobs")):
+                    wall, cpu = seconds(job)
+                    times[name][f"{key}_s"].append(wall)
+                    times[name][f"{key}_cpu_s"].append(cpu)
             print(f"  round {round_ + 1}/{args.repeats} done", flush=True)
     finally:
         for s in strategies.values():
@@ -144,8 +149,7 @@ def measure(names: list[str], model_dir: str, args: argparse.Namespace, batch: d
             "max_tokens_per_micro_batch": budget if SETTINGS[name][0] else None,
             "use_sequence_packing": SETTINGS[name][1],
             **times[name],
-            "train_median_s": statistics.median(times[name]["train_s"]),
-            "logprobs_median_s": statistics.median(times[name]["logprobs_s"]),
+            **{f"{k}_median": statistics.median(v) for k, v in times[name].items()},
         }
         for name in names
     ]
@@ -202,8 +206,10 @@ def main(argv: list[str] | None = None) -> None:
     results = measure(args.settings, model_dir, args, batch, budget)
     for r in results:
         print(
-            f"  {r['setting']:14s} train {r['train_median_s']:7.2f} s   logprobs "
-            f"{r['logprobs_median_s']:6.2f} s   (train runs {[round(t, 2) for t in r['train_s']]})",
+            f"  {r['setting']:14s} train {r['train_s_median']:7.2f} s (CPU "
+            f"{r['train_cpu_s_median']:7.2f} s)   logprobs {r['logprobs_s_median']:6.2f} s (CPU "
+            f"{r['logprobs_cpu_s_median']:6.2f} s)   train runs "
+            f"{[round(t, 1) for t in r['train_s']]}",
             flush=True,
         )
     by_name = {r["setting"]: r for r in results}
@@ -211,14 +217,14 @@ def main(argv: list[str] | None = None) -> None:
     if "rows_padded" in by_name:
         base = by_name["rows_padded"]
         for r in results:
-            ratios[r["setting"]] = {
-                "train_speedup": base["train_median_s"] / r["train_median_s"],
-                "logprobs_speedup": base["logprobs_median_s"] / r["logprobs_median_s"],
+            ratios[r["setting"]] = ratio = {
+                key: base[f"{key}_median"] / r[f"{key}_median"]
+                for key in ("train_s", "train_cpu_s", "logprobs_s", "logprobs_cpu_s")
             }
-            ratio = ratios[r["setting"]]
             print(
-                f"  {r['setting']:14s} vs rows_padded: train x{ratio['train_speedup']:.2f}, "
-                f"logprobs x{ratio['logprobs_speedup']:.2f}"
+                f"  {r['setting']:14s} vs rows_padded: train x{ratio['train_s']:.2f} (CPU "
+                f"x{ratio['train_cpu_s']:.2f}), logprobs x{ratio['logprobs_s']:.2f} (CPU "
+                f"x{ratio['logprobs_cpu_s']:.2f})"
             )
     if args.out:
         Path(args.out).write_text(
