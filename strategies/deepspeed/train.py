@@ -27,6 +27,7 @@ import torch
 
 from roll_ds.config.deepspeed import zero_stage
 from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
+from roll_ds.models.frozen_base import move_frozen_base
 from roll_ds.models.loading import resolve_model_path
 from roll_ds.models.value_model import forward_values
 from roll_ds.models.weights import adapter_config, iter_adapter_buckets, iter_weight_buckets
@@ -425,6 +426,8 @@ class DeepSpeedTrainStrategy:
         include = self._offload_include()
         if include:
             offload.offload_engine_states(self.engine, include)
+        if self.device.type != "cpu":  # a LoRA base kept out of ZeRO-3 (zero3_frozen_base)
+            move_frozen_base(self.module, "cpu")
         self._offloaded = True
 
     def reload_states(self) -> None:
@@ -433,6 +436,8 @@ class DeepSpeedTrainStrategy:
             return
         if self._offload_include():
             self.engine.reload_states()
+        if self.device.type != "cpu":
+            move_frozen_base(self.module, self.device)
         self._offloaded = False
 
     def _offload_include(self) -> tuple[str, ...]:

@@ -92,3 +92,32 @@ def test_a_partitioned_model_is_refused(lora_model):
     next(lora_model.parameters()).ds_id = 0
     with pytest.raises(ValueError, match="load it whole"):
         keep_frozen_base_whole(lora_model)
+
+
+def test_move_frozen_base_is_a_no_op_where_the_weights_are(lora_model):
+    from roll_ds.models.frozen_base import move_frozen_base
+
+    keep_frozen_base_whole(lora_model)
+    assert move_frozen_base(lora_model, "cpu") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_move_frozen_base_moves_each_weight_once_and_keeps_ties(lora_model):
+    """What a colocated trainer does around generation: the whole frozen base to host memory
+    and back (DeepSpeed's offload_states moves only the states it owns)."""
+    from roll_ds.models.frozen_base import move_frozen_base
+
+    lora_model.cuda()
+    keep_frozen_base_whole(lora_model)
+    inner = lora_model.base_model.model
+    embed = inner.model.embed_tokens.weight
+    frozen = {id(t): t for _, t in named_weights(lora_model)}
+    frozen = [t for t in frozen.values() if not isinstance(t, torch.nn.Parameter)]
+    total = sum(t.numel() * t.element_size() for t in frozen)
+    assert move_frozen_base(lora_model, "cpu") == total  # the tied embedding once
+    assert inner.model.embed_tokens.weight is embed and embed.device.type == "cpu"
+    assert inner.lm_head.weight is inner.model.embed_tokens.weight  # still tied
+    assert all(p.is_cuda for p in lora_model.parameters())  # the adapter stays
+    assert move_frozen_base(lora_model, "cuda") == total
+    assert embed.is_cuda
