@@ -11,6 +11,7 @@ batch.
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 import traceback
@@ -45,35 +46,74 @@ class EnvReply:
     tools: list[dict[str, Any]] | None = None  # reset only: the environment's tool schemas
 
 
-def _bounded(fn, timeout_s: float) -> tuple[str, Any, float]:
-    """Run ``fn()`` in a daemon thread; ``(status, value or error text, seconds)``."""
-    box: dict[str, Any] = {}
+class _Call:
+    """One environment call handed to a worker thread, and its outcome once it has one."""
 
-    def target() -> None:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.status, self.value, self.seconds = TIMEOUT, None, 0.0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        started = time.perf_counter()
         try:
-            box["value"] = fn()
+            self.status, self.value = OK, self.fn()
         except BaseException:  # an environment's failure is data, whatever it raised
-            box["error"] = traceback.format_exc(limit=4)
+            self.status, self.value = ERROR, traceback.format_exc(limit=4)
+        self.seconds = time.perf_counter() - started
+        self.done.set()
 
-    started = time.perf_counter()
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    seconds = time.perf_counter() - started
-    if thread.is_alive():
-        return TIMEOUT, f"no answer within step_timeout_s={timeout_s:g}", seconds
-    if "error" in box:
-        return ERROR, box["error"], seconds
-    return OK, box["value"], seconds
+
+class _Workers:
+    """Daemon threads that run environment calls, kept between calls (starting two threads
+    per call cost more than a small environment's step). A call past its deadline is answered
+    as a timeout and its thread abandoned: it keeps running, as a daemon, and a new thread
+    takes its place."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def _loop(self) -> None:
+        while True:
+            call = self._queue.get()
+            call.run()
+            with self._lock:
+                self._idle += 1
+
+    def run_all(self, fns: list, timeout_s: float) -> list[tuple[str, Any, float]]:
+        """Every ``fn`` at once; ``(status, value or error text, seconds)`` each, a call still
+        running ``timeout_s`` after the batch began answered as a timeout."""
+        calls = [_Call(fn) for fn in fns]
+        with self._lock:  # one thread per call in flight: start what the idle ones miss
+            missing = max(0, len(calls) - self._idle)
+            self._idle = max(0, self._idle - len(calls))
+        for _ in range(missing):
+            threading.Thread(target=self._loop, daemon=True).start()
+        started = time.perf_counter()
+        for call in calls:
+            self._queue.put(call)
+        results = []
+        for call in calls:
+            left = timeout_s - (time.perf_counter() - started)
+            if call.done.wait(max(0.0, left)):
+                results.append((call.status, call.value, call.seconds))
+            else:
+                seconds = time.perf_counter() - started
+                results.append((TIMEOUT, f"no answer within step_timeout_s={timeout_s:g}", seconds))
+        return results
 
 
 class EnvHost:
-    """Many environments in one process, stepped concurrently (one thread per step)."""
+    """Many environments in one process, stepped concurrently (one worker thread per step in
+    flight, kept between steps)."""
 
     def __init__(self, specs: Mapping[str, EnvTypeSpec], step_timeout_s: float) -> None:
         self.specs = dict(specs)
         self.step_timeout_s = step_timeout_s
         self.envs: dict[int, Env] = {}
+        self._workers = _Workers()
 
     def _build(self, tag: str) -> Env:
         from roll_ds.agentic.registry import env_class
@@ -143,17 +183,7 @@ class EnvHost:
 
     def _all(self, fns: list) -> list[tuple[str, Any, float]]:
         """Every ``fn`` at once, each bounded by the step timeout."""
-        results: list[Any] = [None] * len(fns)
-
-        def run(i: int) -> None:
-            results[i] = _bounded(fns[i], self.step_timeout_s)
-
-        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(fns))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return results
+        return self._workers.run_all(fns, self.step_timeout_s)
 
 
 class LocalEnvPool:
