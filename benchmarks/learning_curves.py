@@ -26,6 +26,10 @@ VARIANTS = {
         "async_generation.max_staleness=1",
         "algorithm.old_logprobs=rollout",
     ],
+    "stream (max_staleness 2)": [
+        "async_generation.max_staleness=2",
+        "async_generation.mode=stream",
+    ],
 }
 
 
