@@ -15,6 +15,7 @@ as a speed-up over TRL's best thread setting (> 1: roll_ds is faster); writes al
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -102,6 +103,8 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for our runs")
     parser.add_argument("--out", default="benchmarks/results/versus_trl.json")
     args = parser.parse_args()
+    if args.threads and importlib.util.find_spec("trl") is None:
+        parser.error("TRL is not installed: pip install -e '.[bench]' (--threads alone skips it)")
 
     report: dict[str, list[dict]] = {}
     for model in args.models:
