@@ -96,7 +96,9 @@ class BoundaryLLM:
         crossed = across_the_boundary(method, args)
         return [result_back(getattr(w, method)(*crossed)) for w in self.workers]
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
         return True
 
 
