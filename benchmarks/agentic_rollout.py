@@ -39,6 +39,9 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=6)
     ap.add_argument("--tokens-per-turn", type=int, default=8)
     ap.add_argument("--context", type=int, default=192)
+    # vLLM-CPU's default KV block is 128 tokens: an episode's context rarely fills one, so no
+    # turn reuses the previous turn's prefix from the cache; 32-token blocks do.
+    ap.add_argument("--block-size", type=int, default=32, help="vLLM KV block (CPU default 128)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "agentic_rollout.json"))
     args = ap.parse_args()
 
@@ -56,7 +59,11 @@ def main() -> None:
     engine = VllmStrategy(
         model_path=model,
         seed=0,
-        strategy_config={"enforce_eager": True, "max_model_len": args.context},
+        strategy_config={
+            "enforce_eager": True,
+            "max_model_len": args.context,
+            "block_size": args.block_size,
+        },
         stop_token_ids=[tokenizer.eos_token_id],
     )
     engine.initialize()
