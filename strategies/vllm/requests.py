@@ -1,6 +1,6 @@
 """Translation between roll_ds's token-id batches and vLLM's request / response objects: sampling
 parameters, per-prompt seeds, parsing ``RequestOutput``s, un-padding probe rows. Pure (no vLLM
-import), unit-tested with fakes shaped like vLLM's outputs; ``strategies/vllm/strategy.py``
+import), unit-tested with fakes shaped like vLLM's outputs; ``strategies/vllm/generation.py``
 drives the engine with them. The seed scheme is described in that module's docstring.
 """
 

@@ -21,52 +21,31 @@ Version. The weight reload needs vLLM's layer-wise in-place reload; the code is 
 against the 0.32 line, which the ``gpu`` extra pins, and the installed vLLM is checked at engine
 start (``strategies.vllm.start``, which also bounds the start).
 
-Prompts and responses are token ids (the engine is started with ``skip_tokenizer_init=True``
-unless ``strategy_config`` says otherwise), so stop tokens are explicit: pass the tokenizer's
-eos id(s) as ``stop_token_ids`` (eos ids declared in the model's ``generation_config.json`` are
-honoured by vLLM on its own).
-
-Log-probs. vLLM's ``logprobs_mode`` is ``processed_logprobs``: each sampled token's value is its
-log-prob under the distribution it was actually drawn from, ``log_softmax(logits / T)`` after
-top-k/top-p truncation. The trainer computes ``log_softmax(logits / T)`` for the same tokens
-(``StrategyContext.logprob_temperature``), so the two agree whatever the temperature, and differ
-only where top-k/top-p cut the distribution, which is what the train/inference mismatch metrics
-and the truncated importance-sampling correction are for. At ``T = 1`` without truncation this
-equals ``raw_logprobs``. Prompt-token log-probs (``compute_logprobs``, the weight-sync parity
-probe) are always the raw model's, at temperature 1.
-
-Seeds. With a seed, prompt ``i``'s request gets seed ``request_seed(seed, i)`` and vLLM gives its
-``j``-th sample ``request_seed + j``: the samples are reproducible for a fixed seed, each
-request's sampling noise is its own whatever else is in the batch, and different prompts get
-different noise. The pipeline should
-pass a new seed every step (for instance ``base_seed + step``).
+What the engine does once started lives in two mixins, one job each: ``GenerationMixin``
+(``strategies/vllm/generation.py``: ``generate``, streaming generation, ``compute_logprobs``;
+prompts, log-probs and seeds are described there) and ``WeightSyncMixin``
+(``strategies/vllm/weight_sync.py``: receiving new weights, the reload, dropping the KV cache,
+adapter syncs). This module builds the engine's arguments, starts and stops it and offloads it
+for colocation.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from roll_ds.config.plain import plain_dict
 from roll_ds.config.schema import GeneratingArgs, WorkerConfig
 from roll_ds.log_noise import quiet_vllm, vllm_log_env
 from roll_ds.platform import current_platform, vllm_multiproc
 from roll_ds.strategy import StrategyContext
-from roll_ds.weight_sync.adapter import AdapterVersions, write_adapter
-from roll_ds.weight_sync.wire import adapter_to_wire, seats_to_wire, tensors_to_wire
-from strategies.vllm.requests import (
-    parse_request_outputs,
-    request_seed,
-    sampled_logprobs,
-    sampling_kwargs,
-    unpadded_rows,
-)
+from roll_ds.weight_sync.adapter import AdapterVersions
+from strategies.vllm.generation import GenerationMixin
 from strategies.vllm.start import (
     START_TIMEOUT_ENV,
     START_TIMEOUT_S,
@@ -76,11 +55,16 @@ from strategies.vllm.start import (
     vllm_range,
 )
 from strategies.vllm.stream import RequestStream
+from strategies.vllm.weight_sync import WeightSyncMixin, vllm_lora_rank
 
-if TYPE_CHECKING:
-    import torch
-
-    from roll_ds.weight_sync.endpoint import Seat
+__all__ = [
+    "CPU_KV_CACHE_BYTES",
+    "OWNED_KWARGS",
+    "WORKER_EXTENSION",
+    "VllmStrategy",
+    "llm_kwargs",
+    "vllm_lora_rank",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -101,12 +85,6 @@ OWNED_KWARGS = {
         "Ray executor would wait for GPUs the rollout actor's placement already holds"
     ),
 }
-# A sync through the rollout actor's process (object_store) on GPU larger than this logs its
-# host-memory cost.
-HOST_COPY_WARN_BYTES = 1 << 30
-# vLLM's LoRAConfig.max_lora_rank values (vllm/config/lora.py MaxLoRARanks)
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-ADAPTER_LORA_NAME = "roll_ds_policy"
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep(level=1) releases
 # ---------------------------------------------------------------------------------------------
 # pure helpers (unit-tested without vLLM)
@@ -162,25 +140,14 @@ def llm_kwargs(
     return kwargs
 
 
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that fits a rank-``rank`` adapter."""
-    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
-    if rank < 1 or not fits:
-        raise ValueError(
-            f"actor_train.model_args.lora_rank={rank}: vLLM serves adapters of rank "
-            f"{VLLM_LORA_RANKS[0]}..{VLLM_LORA_RANKS[-1]}; use weight_sync.lora_sync=merged"
-        )
-    return fits[0]
-
-
 # ---------------------------------------------------------------------------------------------
 # the strategy
 
 
-class VllmStrategy:
-    # Weight sync: the engine's workers join weight-sync groups and receive there themselves
-    # (roll_ds.weight_sync.endpoint.EngineWorkersReceiver; the methods under "weight sync").
-    receives_in_engine_workers = True
+class VllmStrategy(GenerationMixin, WeightSyncMixin):
+    """The vLLM engine of one rollout worker. Its requests (``generate``, the request stream,
+    ``compute_logprobs``) come from ``GenerationMixin``, its weight-sync methods from
+    ``WeightSyncMixin``."""
 
     def __init__(
         self,
@@ -288,298 +255,6 @@ class VllmStrategy:
         return int(self.llm.llm_engine.model_config.max_model_len)
 
     # -----------------------------------------------------------------------------------------
-    # rollouts
-
-    def _requests(
-        self,
-        prompts: list[list[int]],
-        *,
-        n: int | None = None,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop_token_ids: Sequence[int] | None = None,
-        ignore_eos: bool = False,
-        first_prompt_index: int = 0,
-        prompt_indices: Sequence[int] | None = None,
-        max_new_tokens_each: Sequence[int] | None = None,
-    ) -> tuple[list[dict], list[Any], int]:
-        """vLLM requests, sampling parameters and ``n`` for ``n`` samples of each prompt
-        (token ids). Arguments left None come from ``generating_args`` (``seed`` too: None there
-        means unseeded sampling); ``stop_token_ids`` default to the constructor's. Prompt ``i``
-        is seeded as the batch's prompt ``first_prompt_index + i`` (or ``prompt_indices[i]``),
-        so a batch split over several engines samples what one engine would.
-        ``max_new_tokens_each``: a token limit per prompt (agentic turns near their context
-        budget), instead of one for all."""
-        from vllm import SamplingParams
-
-        self._require_awake()
-        g = self.generating_args
-        n = g.num_return_sequences if n is None else n
-        seed = g.seed if seed is None else seed
-        base = sampling_kwargs(
-            n=n,
-            max_new_tokens=g.max_new_tokens if max_new_tokens is None else max_new_tokens,
-            temperature=g.temperature if temperature is None else temperature,
-            top_p=g.top_p if top_p is None else top_p,
-            top_k=g.top_k if top_k is None else top_k,
-            seed=None,
-            stop_token_ids=self.stop_token_ids if stop_token_ids is None else stop_token_ids,
-            ignore_eos=ignore_eos,
-        )
-        indices = (
-            list(prompt_indices)
-            if prompt_indices is not None
-            else [first_prompt_index + i for i in range(len(prompts))]
-        )
-        limits = list(max_new_tokens_each or [base["max_tokens"]] * len(prompts))
-        if len(indices) != len(prompts) or len(limits) != len(prompts):
-            raise ValueError("prompt_indices / max_new_tokens_each need one entry per prompt")
-        params = [
-            SamplingParams(
-                **{**base, "seed": request_seed(seed, index), "max_tokens": max(1, int(limit))}
-            )
-            for index, limit in zip(indices, limits, strict=True)
-        ]
-        requests = [{"prompt_token_ids": list(p)} for p in _check_prompts(prompts)]
-        return requests, params, n
-
-    def generate(self, prompts: list[list[int]], **kwargs: Any) -> dict[str, list[Any]]:
-        """``n`` samples for each prompt (token ids); see ``parse_request_outputs`` for the
-        result and ``_requests`` for the arguments. With the request stream started
-        (``submit``), the batch joins the requests in flight there."""
-        requests, params, n = self._requests(prompts, **kwargs)
-        if self._stream is not None:
-            return parse_request_outputs(self._stream_call(requests, params), n)
-        outputs = self.llm.generate(
-            requests, params, lora_request=self._lora_request, use_tqdm=False
-        )
-        return parse_request_outputs(outputs, n)
-
-    # -----------------------------------------------------------------------------------------
-    # streaming generation (async_generation.mode: stream; strategies/vllm/stream.py)
-
-    def submit(self, tag: str, prompts: list[list[int]], **kwargs: Any) -> None:
-        """Start generating batch ``tag`` (``generate``'s arguments) and return at once; the
-        request stream starts on the first call. ``collect(tag)`` waits for the samples."""
-        requests, params, n = self._requests(prompts, **kwargs)
-        self._start_stream().submit(tag, requests, params, self._lora_request)
-        self._stream_n[tag] = n
-
-    def collect(self, tag: str, timeout_s: float | None = None) -> dict[str, list[Any]]:
-        """Batch ``tag``'s samples as ``generate`` returns them, plus ``token_versions``: the
-        policy version that sampled each response token (``resume_generation``'s labels)."""
-        if self._stream is None:
-            raise RuntimeError(f"collect({tag!r}): nothing was submitted to the request stream")
-        outputs = self._stream.wait(tag, timeout_s)
-        return parse_request_outputs(outputs, self._stream_n.pop(tag), with_versions=True)
-
-    def pause_generation(self) -> None:
-        """Stop the request stream between two decode steps (starting it if needed): the
-        weight sync that follows may replace the weights under the requests in flight."""
-        self._start_stream().pause()
-
-    def resume_generation(self, version: int) -> None:
-        """Generate on after a sync; tokens from now on are labelled policy ``version``."""
-        self._start_stream().resume(version)
-
-    def _start_stream(self) -> RequestStream:
-        self._require_awake()
-        if self._stream is None:
-            if self._lora_request is not None or self._adapters is not None:
-                raise RuntimeError(
-                    "streaming generation swaps weights under requests in flight; adapter "
-                    "syncs (weight_sync.lora_sync=adapter) retire the adapter those requests "
-                    "use: use lora_sync=merged with async_generation.mode=stream"
-                )
-            self._stream = RequestStream(self.llm)
-        return self._stream
-
-    def _stream_call(self, requests: list[dict], params: list[Any]) -> list[Any]:
-        """One batch through the request stream, waited for."""
-        self._calls += 1
-        tag = f"call-{self._calls}"
-        self._stream.submit(tag, requests, params, self._lora_request)
-        return self._stream.wait(tag)
-
-    def _engine_rpc(self) -> contextlib.AbstractContextManager[Any]:
-        """The engine for a weight reload: directly, or between two steps of the request
-        stream, which must be paused when requests are in flight (the new weights would
-        otherwise land under them unannounced, their tokens labelled with the old version)."""
-        if self._stream is None:
-            return contextlib.nullcontext(self.llm)
-        if self._stream.unfinished > 0 and not self._stream.paused:
-            raise RuntimeError(
-                "a weight reload under streaming generation needs pause_generation() first "
-                f"({self._stream.unfinished} requests in flight)"
-            )
-        return self._stream.engine_call()
-
-    def _reset_kv_after_reload(self, llm: Any) -> None:
-        """Drop the KV computed with the old weights. Requests in flight in the stream are
-        preempted too and recompute their prefix with the new weights when they resume."""
-        running = self._stream is not None and self._stream.unfinished > 0
-        if not llm.reset_prefix_cache(reset_running_requests=running):
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
-
-    def compute_logprobs(
-        self,
-        input_ids_BT: torch.Tensor,
-        attention_mask_BT: torch.Tensor,
-        *,
-        with_entropy: bool = False,
-    ) -> dict[str, torch.Tensor]:
-        """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, 0 at padding) from vLLM's prompt
-        log-probs, one prefill per row. Entropy needs the full distribution per position,
-        which vLLM only returns as a Python dict per token: not offered (use hf_infer)."""
-        import torch
-        from vllm import SamplingParams
-
-        if with_entropy:
-            raise NotImplementedError(
-                "the vllm strategy does not compute entropy; use hf_infer or deepspeed_* for it"
-            )
-        self._require_awake()
-        rows = unpadded_rows(input_ids_BT, attention_mask_BT)
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        scored = [i for i, r in enumerate(rows) if len(r) >= 2]
-        requests = [{"prompt_token_ids": rows[i]} for i in scored]
-        if self._stream is not None:
-            outputs = self._stream_call(requests, [params.clone() for _ in scored])
-        else:
-            outputs = self.llm.generate(
-                requests, params, lora_request=self._lora_request, use_tqdm=False
-            )
-        logprobs_BT = torch.zeros(input_ids_BT.shape[0], input_ids_BT.shape[1] - 1)
-        for b, out in zip(scored, outputs, strict=True):
-            values = sampled_logprobs(rows[b][1:], out.prompt_logprobs[1:])  # [0] is None
-            first = int(attention_mask_BT[b].nonzero()[0])
-            logprobs_BT[b, first : first + len(values)] = torch.tensor(values)
-        return {"logprobs_BT": logprobs_BT}
-
-    # -----------------------------------------------------------------------------------------
-    # weight sync
-
-    def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-        """Replace the served weights with the *full* model, HF names, and drop the prefix cache
-        (KV computed with the old weights). One iterator per sync: buckets can be chained into
-        it. A tied input embedding is also loaded as ``lm_head.weight``; a weight missing from
-        the iterator raises instead of leaving the old tensor served. Returns worker 0's counts
-        (``num_tensors``, ``bytes``, ``seconds``, ``tied_lm_head``)."""
-        self._require_awake("weights")
-        if self._adapters is not None:
-            stats = write_adapter(named_tensors, self._adapters.config, self._adapters.next_dir())
-            return {**stats, **self._serve_new_adapter()}
-        if not self._in_process:
-            # The model crosses vLLM's serializer as one host byte buffer (a tensor would arrive
-            # as an untyped list): fine for small models; large ones should go through a group
-            # transport received on the worker side.
-            payload = tensors_to_wire(named_tensors)
-            self._warn_host_copy(len(payload["data"]))
-        with self._engine_rpc() as llm:
-            if self._in_process:
-                stats = llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))
-            else:
-                stats = llm.collective_rpc("roll_ds_reload_packed", args=(payload,))
-            self._reset_kv_after_reload(llm)
-        return stats[0]
-
-    def _warn_host_copy(self, nbytes: int) -> None:
-        """On GPU, a sync through this process copies the whole model to host memory here and
-        once more into every vLLM worker process: say what that costs, once."""
-        if getattr(self, "_host_copy_warned", False) or not current_platform().is_cuda:
-            return
-        if nbytes >= HOST_COPY_WARN_BYTES:
-            self._host_copy_warned = True
-            workers = self.tensor_parallel_size
-            logger.warning(
-                "weight sync through the rollout actor (object_store): each sync copies the "
-                "%.2f GB model to this actor's host memory and serializes it to each of the %d "
-                "vLLM worker(s), about %.2f GB of host memory per engine per sync; "
-                "weight_sync.transport=cuda_ipc (colocated) or collective (separate GPUs) move "
-                "it GPU to GPU",
-                nbytes / 1e9,
-                workers,
-                nbytes * (1 + workers) / 1e9,
-            )
-
-    # group transports: every vLLM worker is a member of the weight-sync group and receives
-    # itself, through RollDsWorkerExtension (strategies/vllm/worker_ext.py)
-
-    def transfer_group_devices(self) -> list[str | None]:
-        """One member per vLLM worker (in TP-rank order): the UUID of the GPU it runs on
-        (None on CPU)."""
-        self._require_initialized()
-        return self.llm.collective_rpc("roll_ds_device_uuid")
-
-    def join_transfer_group(self, plane: str, seats: Sequence[Seat]) -> list[int]:
-        """vLLM worker ``i`` joins ``seats[i]`` (blocks until every member of its group joins,
-        bounded by the group's timeout); returns the ranks taken."""
-        self._require_initialized()
-        wire = seats_to_wire(seats)  # plain data: the seats may cross vLLM's serializer
-        return self.llm.collective_rpc("roll_ds_join_transfer_group", args=(plane, wire))
-
-    def receive_from_group(self, plane: str) -> dict[str, Any]:
-        """The receiving side of a group sync: every vLLM worker reads one sync from the group
-        it joined on ``plane`` into one reload, then the prefix cache is dropped (or, syncing
-        the adapter, worker 0 writes it and the engine serves it). Returns worker 0's counts
-        plus ``workers``."""
-        self._require_awake("weights")
-        adapter = None
-        if self._adapters is not None:  # worker 0 writes the adapter directory
-            adapter = adapter_to_wire(self._adapters.next_dir(), self._adapters.config)
-        with self._engine_rpc() as llm:
-            per_worker = llm.collective_rpc("roll_ds_receive_weights", args=(plane, adapter))
-            if adapter is None:
-                self._reset_kv_after_reload(llm)
-        if adapter is not None:
-            return {**per_worker[0], **self._serve_new_adapter(), "workers": len(per_worker)}
-        return {**per_worker[0], "workers": len(per_worker)}
-
-    def leave_transfer_group(self) -> None:
-        """Every vLLM worker leaves its weight-sync group (if it joined one; no engine, no
-        group)."""
-        if self.llm is not None:
-            self.llm.collective_rpc("roll_ds_leave_transfer_group")
-
-    def enable_adapter_sync(self, config: Mapping[str, Any]) -> None:
-        """From now on a sync carries the policy's LoRA adapter (peft names; ``config`` is its
-        ``adapter_config.json``): it is written to a new version directory and served as a new
-        LoRA on top of the base weights the engine loaded, replacing the previous one."""
-        self._require_initialized()
-        if self.adapter_rank is None:
-            raise RuntimeError(
-                "enable_adapter_sync: the engine was started without LoRA support; the role "
-                "needs adapter_rank (StrategyContext.adapter_sync_rank) at construction"
-            )
-        if int(config.get("r", 0)) > vllm_lora_rank(self.adapter_rank):
-            raise ValueError(
-                f"adapter rank {config.get('r')} exceeds the engine's max_lora_rank "
-                f"{vllm_lora_rank(self.adapter_rank)}"
-            )
-        if self._adapters is None:
-            self._adapters = AdapterVersions(config)
-
-    def _serve_new_adapter(self) -> dict[str, Any]:
-        """Register the adapter just written to ``next_dir()`` with vLLM, retire the previous
-        one. Returns ``adapter_version``."""
-        from vllm.lora.request import LoRARequest
-
-        versions = self._adapters
-        version = versions.version + 1
-        request = LoRARequest(f"{ADAPTER_LORA_NAME}_{version}", version, versions.next_dir())
-        engine = self.llm.llm_engine
-        if not engine.add_lora(request):
-            raise RuntimeError(f"vLLM did not load the synced adapter from {versions.next_dir()}")
-        if self._lora_request is not None:
-            engine.remove_lora(self._lora_request.lora_int_id)
-        self._lora_request = request
-        versions.commit()
-        return {"adapter_version": version}
-
-    # -----------------------------------------------------------------------------------------
     # colocation
 
     def offload_states(self, level: int = 1) -> None:
@@ -664,10 +339,3 @@ def _engine_in_this_process(llm: Any) -> bool:
     return isinstance(client, InprocClient) and isinstance(
         client.engine_core.model_executor, UniProcExecutor
     )
-
-
-def _check_prompts(prompts: list[list[int]]) -> list[list[int]]:
-    empty = [i for i, p in enumerate(prompts) if len(p) == 0]
-    if empty:
-        raise ValueError(f"prompts {empty[:8]} are empty; every prompt needs at least one token")
-    return prompts
