@@ -1,4 +1,5 @@
-"""The vllm strategy on the tiny Qwen2: one in-process vLLM-CPU engine shared by the module.
+"""The vllm strategy on the tiny Qwen2: one in-process vLLM-CPU engine shared by the module
+(``engine``, ``conftest.py``).
 
 Reference numbers are an fp32 HF forward of exactly the weights vLLM serves: log-probs of the
 sampled tokens must agree within 1e-4. Tests that change the served weights put the original
@@ -14,55 +15,11 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+from _vllm import TOL, hf_sampled_logprobs, prompts  # noqa: E402
+
 from strategies.vllm import VllmStrategy  # noqa: E402
 
 pytestmark = pytest.mark.integration
-
-TOL = 1e-4
-# block_size 32 (CPU default 128): the 40-token prompts below fill a block, so the prefix cache
-# really holds KV across calls and a weight reload that kept it would serve stale attention.
-ENGINE_CONFIG = {"enforce_eager": True, "block_size": 32, "max_num_seqs": 64}
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_qwen2_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32)
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_qwen2_dir):
-    strategy = VllmStrategy(
-        model_path=tiny_qwen2_dir, dtype="fp32", seed=0, strategy_config=ENGINE_CONFIG
-    )
-    start = time.perf_counter()
-    strategy.initialize()
-    print(f"\nvLLM engine start: {time.perf_counter() - start:.1f} s")
-    yield strategy
-    strategy.close()
-
-
-def prompts(count: int, length: int, offset: int = 0) -> list[list[int]]:
-    return [[(7 * i + 3 * j + offset) % 128 for j in range(length)] for i in range(count)]
-
-
-@torch.no_grad()
-def hf_sampled_logprobs(
-    model, prompt: list[int], response: list[int], temperature: float = 1.0, top_p: float = 1.0
-) -> torch.Tensor:
-    """Log-probs of ``response`` under softmax(logits / temperature), renormalised over the
-    top-p nucleus as vLLM's sampler builds it (sort ascending, drop the tokens whose cumulative
-    probability stays within 1 - top_p)."""
-    ids = torch.tensor([prompt + response])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
-    if top_p < 1.0:
-        ascending, order = logits.sort(-1)
-        dropped = ascending.softmax(-1).cumsum(-1) <= 1 - top_p
-        dropped[:, -1] = False
-        logits = logits.scatter(-1, order, ascending.masked_fill(dropped, float("-inf")))
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
 def max_logprob_gap(

@@ -14,29 +14,11 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from test_vllm_strategy import ENGINE_CONFIG, TOL, hf_sampled_logprobs, prompts  # noqa: E402
+from _vllm import ENGINE_CONFIG, TOL, hf_sampled_logprobs, prompts  # noqa: E402
 
 from strategies.vllm import VllmStrategy  # noqa: E402
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_qwen2_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32)
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_qwen2_dir):
-    strategy = VllmStrategy(
-        model_path=tiny_qwen2_dir, dtype="fp32", seed=0, strategy_config=ENGINE_CONFIG
-    )
-    strategy.initialize()
-    yield strategy
-    strategy.close()
 
 
 @pytest.fixture(params=["in_process", "multiproc"])
