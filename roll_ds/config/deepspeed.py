@@ -11,6 +11,15 @@ every forward and backward), or ``whole`` on every rank, kept out of ZeRO-3 (nev
 the adapter is partitioned). ``auto`` picks ``whole`` when the base's bytes are at most
 ``FROZEN_BASE_BUDGET_FRACTION`` of one rank's memory and parameters are not offloaded, else
 ``partitioned``; the built config carries the decision (``frozen_base_whole`` reads it).
+
+``zero3_adapter_stage`` (also roll_ds's) says which ZeRO stage trains the adapter once the base
+is whole: ``3`` partitions the adapter's weights too (gathered around every module's forward and
+backward), ``2`` keeps them replicated and partitions only their gradients and optimizer states
+(no per-module gather hooks; the adapter of a LoRA r16 model is ~0.5% of its base). ``auto``
+picks 2 whenever the base is whole; with a partitioned base it is always 3 (stage 2 cannot
+partition the base). A stage-2 pick rewrites the built config's ``zero_optimization.stage`` to 2
+(its ``stage3_*`` keys dropped), so every later reader (engine, weight sync, export, offload,
+checkpoints) sees the engine it gets; ``adapter_stage_lowered`` tells the two apart.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ AUTO = "auto"
 VALID_STAGES = (0, 1, 2, 3)
 FROZEN_BASE_KEY = "zero3_frozen_base"
 FROZEN_BASE_MODES = (AUTO, "whole", "partitioned")
+ADAPTER_STAGE_KEY = "zero3_adapter_stage"
+ADAPTER_STAGES = (AUTO, 2, 3)
 # "auto" keeps a LoRA base whole when it takes at most this share of a rank's memory (a GPU's, or
 # its share of host memory): the rest is left to activations, the adapter and colocated engines.
 FROZEN_BASE_BUDGET_FRACTION = 0.25
@@ -124,6 +135,15 @@ def check_deepspeed_config(ds_config: Mapping[str, Any], where: str) -> list[str
         problems.append(
             f"{where}.{FROZEN_BASE_KEY}: {mode!r} is not one of {', '.join(FROZEN_BASE_MODES)}"
         )
+    adapter = ds_config.get(ADAPTER_STAGE_KEY, AUTO)
+    if isinstance(adapter, bool) or adapter not in ADAPTER_STAGES:
+        problems.append(f"{where}.{ADAPTER_STAGE_KEY}: {adapter!r} is not one of auto, 2, 3")
+    elif adapter == 2 and mode == "partitioned":
+        problems.append(
+            f"{where}.{ADAPTER_STAGE_KEY}: 2 needs the frozen base whole, but "
+            f"{FROZEN_BASE_KEY} is partitioned (only ZeRO-3 can partition it); set "
+            f"{ADAPTER_STAGE_KEY}: auto or 3, or {FROZEN_BASE_KEY}: whole"
+        )
     fp16 = (ds_config.get("fp16") or {}).get("enabled") is True
     bf16 = (ds_config.get("bf16") or {}).get("enabled") is True
     if fp16 and bf16:
@@ -221,8 +241,12 @@ def build_deepspeed_config(
 
     if zero_stage(cfg) == 3 and not problems:
         cfg[FROZEN_BASE_KEY] = frozen_base_mode(cfg, inputs)
+        cfg[ADAPTER_STAGE_KEY] = adapter_stage(cfg)
+        if cfg[ADAPTER_STAGE_KEY] == 2:
+            _lower_to_stage_2(cfg)
     else:
         cfg.pop(FROZEN_BASE_KEY, None)  # only ZeRO-3 partitions parameters
+        cfg.pop(ADAPTER_STAGE_KEY, None)
 
     micro = cfg.get("train_micro_batch_size_per_gpu")
     accum = cfg.get("gradient_accumulation_steps")
@@ -266,6 +290,29 @@ def frozen_base_mode(ds_config: Mapping[str, Any], inputs: DeepSpeedInputs) -> s
         return "partitioned"
     budget = FROZEN_BASE_BUDGET_FRACTION * inputs.rank_memory_bytes
     return "whole" if inputs.frozen_base_bytes <= budget else "partitioned"
+
+
+def adapter_stage(ds_config: Mapping[str, Any]) -> int:
+    """2 or 3: the stage that trains a LoRA adapter under a stage-3 config whose frozen base is
+    resolved (module doc). ``auto``: 2 when the base is whole."""
+    whole = ds_config.get(FROZEN_BASE_KEY) == "whole"
+    stage = ds_config.get(ADAPTER_STAGE_KEY, AUTO)
+    if stage == AUTO:
+        return 2 if whole else 3
+    return int(stage)
+
+
+def _lower_to_stage_2(cfg: dict[str, Any]) -> None:
+    """Make a stage-3 config whose base is whole a stage-2 one (its stage-3 knobs dropped)."""
+    zero = cfg["zero_optimization"]
+    zero["stage"] = 2
+    for key in [k for k in zero if k.startswith("stage3_") or k == "sub_group_size"]:
+        del zero[key]
+
+
+def adapter_stage_lowered(ds_config: Mapping[str, Any]) -> bool:
+    """Whether a built config is a stage-3 one run at stage 2 (``zero3_adapter_stage``)."""
+    return ds_config.get(ADAPTER_STAGE_KEY) == 2 and zero_stage(ds_config) == 2
 
 
 def frozen_base_whole(ds_config: Mapping[str, Any]) -> bool:

@@ -5,7 +5,9 @@ model for ``head="value"``), optionally with LoRA adapters.
 Under ZeRO-3 a LoRA model's frozen base is either partitioned with the rest (built partitioned)
 or, with ``zero3_frozen_base`` resolved to ``whole`` (``roll_ds.config.deepspeed``; ``auto`` does
 so when the base fits a quarter of a rank's memory), loaded whole on every rank and kept out of
-ZeRO-3 (``roll_ds.models.frozen_base``): only the adapter is partitioned and gathered."""
+ZeRO-3 (``roll_ds.models.frozen_base``): only the adapter is left to ZeRO, whose built config
+then says stage 2 (gradients and optimizer states partitioned), or 3 with
+``zero3_adapter_stage: 3`` (the adapter's weights partitioned too)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config, frozen_base_whole
+from roll_ds.config.deepspeed import (
+    DeepSpeedInputs,
+    build_deepspeed_config,
+    frozen_base_whole,
+    zero_stage,
+)
 from roll_ds.config.schema import ModelArgs, TrainingArgs
 from roll_ds.models.frozen_base import keep_frozen_base_whole
 from roll_ds.models.loading import apply_lora, load_causal_lm
@@ -106,7 +113,12 @@ def load_train_model(
         )
     if whole:
         moved = keep_frozen_base_whole(model, torch.device(current_platform().device(local_rank())))
-        logger.info("ZeRO-3: %d frozen base weights kept whole, out of partitioning", moved)
+        logger.info(
+            "ZeRO-3 config: %d frozen base weights kept whole, out of partitioning; the adapter "
+            "trains at ZeRO stage %d (zero3_adapter_stage)",
+            moved,
+            zero_stage(ds_config),
+        )
     return model
 
 

@@ -1,7 +1,8 @@
 """LoRA (peft, all-linear) under ZeRO-3 on 2 CPU ranks, with the frozen base partitioned and kept
-whole (``zero3_frozen_base``): only the adapter trains, the adapter-disabled engine is the base
-model, and merged weights (sync buckets, HF export) reproduce the trained policy in plain
-transformers / peft."""
+whole (``zero3_frozen_base``), the adapter partitioned by ZeRO-3 or replicated by the stage-2
+engine a whole base gets by default (``zero3_adapter_stage``): only the adapter trains, the
+adapter-disabled engine is the base model, and merged weights (sync buckets, HF export)
+reproduce the trained policy in plain transformers / peft."""
 
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ def _placement(module, world_size: int) -> dict:
         "frozen_whole": count_frozen_whole(module),
         "frozen_total": len(frozen),
         "adapter_sharded": sum(
-            p.numel() == 0 and p.ds_tensor.numel() == -(-p.ds_numel // world_size) for p in adapter
+            hasattr(p, "ds_id")
+            and p.numel() == 0
+            and p.ds_tensor.numel() == -(-p.ds_numel // world_size)
+            for p in adapter
         ),
         "adapter_total": len(adapter),
     }
@@ -61,7 +65,7 @@ def _hf_logprobs(path_or_model, batch):
         return forward_logprobs(model, batch["input_ids"], batch["attention_mask"])["logprobs_BT"]
 
 
-def _lora_checks(model_path: str, out_dir: str, frozen_base: str) -> dict:
+def _lora_checks(model_path: str, out_dir: str, frozen_base: str, adapter_stage) -> dict:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -70,7 +74,7 @@ def _lora_checks(model_path: str, out_dir: str, frozen_base: str) -> dict:
         model_path,
         3,
         zero={"stage3_param_persistence_threshold": 0},
-        ds_extra={"zero3_frozen_base": frozen_base},
+        ds_extra={"zero3_frozen_base": frozen_base, "zero3_adapter_stage": adapter_stage},
         lora_rank=4,
         lora_alpha=8,
         learning_rate=1e-2,
@@ -81,6 +85,7 @@ def _lora_checks(model_path: str, out_dir: str, frozen_base: str) -> dict:
     res["trainable_all_lora"] = bool(trainable) and all(".lora_" in n for n in trainable)
     res["lora_modules"] = len(trainable) // 2
     res["placement"] = _placement(s.module, s.world_size)
+    res["engine_stage"] = s.engine.zero_optimization_stage()
     # Sync before training: the adapter's B is zero, so the merged weights are the checkpoint's.
     synced = {n: t for b in s.named_weights_for_sync(BUCKET_BYTES) for n, t in b}
     source = AutoModelForCausalLM.from_pretrained(model_path, dtype="float32").state_dict()
@@ -133,19 +138,24 @@ def _lora_checks(model_path: str, out_dir: str, frozen_base: str) -> dict:
     return res
 
 
-@pytest.mark.parametrize("frozen_base", ["partitioned", "whole"])
-def test_lora_under_zero3(tiny_qwen2_dir, tmp_path, frozen_base):
+@pytest.mark.parametrize(
+    ("frozen_base", "adapter_stage", "engine_stage"),
+    [("partitioned", "auto", 3), ("whole", 3, 3), ("whole", "auto", 2)],
+)
+def test_lora_under_zero3(tiny_qwen2_dir, tmp_path, frozen_base, adapter_stage, engine_stage):
     results = run_distributed(
         _lora_checks,
         world_size=2,
-        args=(tiny_qwen2_dir, str(tmp_path / "export"), frozen_base),
+        args=(tiny_qwen2_dir, str(tmp_path / "export"), frozen_base, adapter_stage),
         timeout_s=400,
     )
     for rank, res in enumerate(results):
         assert res["trainable_all_lora"], res
         assert res["lora_modules"] == 2 * 7  # all-linear: q k v o gate up down, 2 layers
         where = res["placement"]
-        assert where["adapter_sharded"] == where["adapter_total"] == 2 * 2 * 7, where
+        assert res["engine_stage"] == engine_stage, res
+        assert where["adapter_total"] == 2 * 2 * 7, where
+        assert where["adapter_sharded"] == (where["adapter_total"] if engine_stage == 3 else 0)
         whole = frozen_base == "whole"
         assert where["frozen_whole"] == (where["frozen_total"] if whole else 0), where
         assert where["frozen_partitioned"] == (0 if whole else where["frozen_total"]), where

@@ -7,13 +7,16 @@ import pytest
 import yaml
 
 from roll_ds.config.deepspeed import (
+    ADAPTER_STAGE_KEY,
     FROZEN_BASE_BUDGET_FRACTION,
     FROZEN_BASE_KEY,
     DeepSpeedConfigError,
     DeepSpeedInputs,
+    adapter_stage_lowered,
     build_deepspeed_config,
     check_deepspeed_config,
     frozen_base_whole,
+    zero_stage,
 )
 
 PRESETS = Path(__file__).resolve().parents[3] / "examples" / "config"
@@ -82,9 +85,9 @@ def test_explicit_modes_override_the_budget():
 
 
 def test_resolution_is_read_back_and_dropped_below_stage_3():
-    built = build_deepspeed_config(preset("deepspeed_zero3"), inputs())
-    assert frozen_base_whole(built)
-    assert built["zero_optimization"]["stage3_param_persistence_threshold"] == 10 * 512
+    cfg = build_deepspeed_config(preset("deepspeed_zero3", **{ADAPTER_STAGE_KEY: 3}), inputs())
+    assert frozen_base_whole(cfg)
+    assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 10 * 512
     cfg = preset("deepspeed_zero2", **{FROZEN_BASE_KEY: "whole"})
     zero2 = build_deepspeed_config(cfg, inputs())
     assert FROZEN_BASE_KEY not in zero2 and not frozen_base_whole(zero2)
@@ -99,3 +102,56 @@ def test_unknown_mode_is_named():
     ]
     with pytest.raises(DeepSpeedConfigError, match="zero3_frozen_base"):
         build_deepspeed_config(cfg, inputs())
+
+
+def built(cfg: dict, **kw) -> dict:
+    return build_deepspeed_config(cfg, inputs(**kw))
+
+
+def test_auto_trains_the_adapter_at_stage_2_once_the_base_is_whole():
+    cfg = built(preset("deepspeed_zero3"))
+    assert cfg[FROZEN_BASE_KEY] == "whole" and cfg[ADAPTER_STAGE_KEY] == 2
+    assert zero_stage(cfg) == 2 and adapter_stage_lowered(cfg) and frozen_base_whole(cfg)
+    zero = cfg["zero_optimization"]
+    assert not [k for k in zero if k.startswith("stage3_")] and "sub_group_size" not in zero
+    assert zero["reduce_bucket_size"] == 512 * 512  # the stage-2 knobs stay filled
+
+
+def test_a_partitioned_base_keeps_the_adapter_at_stage_3():
+    for cfg in (
+        built(preset("deepspeed_zero3"), frozen_base_bytes=1000 * GIB),
+        built(preset("deepspeed_zero3_cpuoffload")),
+        built(preset("deepspeed_zero3"), lora=False),
+    ):
+        assert cfg[FROZEN_BASE_KEY] == "partitioned" and cfg[ADAPTER_STAGE_KEY] == 3
+        assert zero_stage(cfg) == 3 and not adapter_stage_lowered(cfg)
+
+
+def test_adapter_stage_3_keeps_the_zero3_engine_with_the_base_whole():
+    cfg = built(preset("deepspeed_zero3", **{ADAPTER_STAGE_KEY: 3}))
+    assert frozen_base_whole(cfg) and zero_stage(cfg) == 3 and not adapter_stage_lowered(cfg)
+    assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 10 * 512
+
+
+def test_adapter_stage_key_is_dropped_below_stage_3():
+    cfg = built(preset("deepspeed_zero2", **{ADAPTER_STAGE_KEY: 2}))
+    assert ADAPTER_STAGE_KEY not in cfg and not adapter_stage_lowered(cfg)
+
+
+@pytest.mark.parametrize(
+    ("top", "message"),
+    [
+        ({ADAPTER_STAGE_KEY: 1}, "zero3_adapter_stage: 1 is not one of auto, 2, 3"),
+        ({ADAPTER_STAGE_KEY: True}, "zero3_adapter_stage: True is not one of auto, 2, 3"),
+        (
+            {ADAPTER_STAGE_KEY: 2, FROZEN_BASE_KEY: "partitioned"},
+            "zero3_adapter_stage: 2 needs the frozen base whole, but zero3_frozen_base is "
+            "partitioned",
+        ),
+    ],
+)
+def test_bad_adapter_stage_is_named_with_the_fix(top, message):
+    problems = check_deepspeed_config(preset("deepspeed_zero3", **top), "actor_train.cfg")
+    assert len(problems) == 1 and problems[0].startswith(f"actor_train.cfg.{message}")
+    with pytest.raises(DeepSpeedConfigError, match="zero3_adapter_stage"):
+        build_deepspeed_config(preset("deepspeed_zero3", **top), inputs())
