@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 MODELS = ("embedded", "qwen2-20m")
 # Our variants: config overrides on top of rlvr_step.py's settings.
 VARIANTS = {
-    "sync": ["algorithm.old_logprobs=recompute"],
+    "sync": [],  # the config as shipped (rlvr_lora_zero3: old_logprobs=auto)
+    "sync_recompute": ["algorithm.old_logprobs=recompute"],  # the trainer's log-prob pass
     "sync_reuse": ["algorithm.old_logprobs=auto"],
     "async": ["async_generation.max_staleness=1"],
     "async_rollout": ["async_generation.max_staleness=1", "algorithm.old_logprobs=rollout"],
