@@ -172,3 +172,35 @@ def test_lora_under_zero3(tiny_qwen2_dir, tmp_path, frozen_base, adapter_stage, 
     assert root["export_merged_vs_policy"] <= ATOL, root
     assert root["export_adapter_vs_policy"] <= ATOL, root
     assert "model.safetensors" in root["export_files"] and "config.json" in root["export_files"]
+
+
+def _resume_across_adapter_stages(model_path: str, ckpt: str) -> dict:
+    saver = make_strategy(model_path, 3, ds_extra={"zero3_adapter_stage": 3}, lora_rank=4)
+    saver.train_step(rank_batch(saver.rank), nll_loss)
+    saver.save_checkpoint(ckpt, "step1")
+    saver.close()
+    out = {}
+    for name, extra in (("auto", {}), ("stage3", {"zero3_adapter_stage": 3})):
+        s = make_strategy(model_path, 3, ds_extra=extra, lora_rank=4)
+        try:
+            s.load_checkpoint(ckpt, "step1")
+            out[name] = f"loaded at step {s.global_step}"
+        except ValueError as exc:
+            out[name] = str(exc)
+        s.close()
+    return out
+
+
+def test_a_checkpoint_refuses_an_engine_of_another_stage_with_the_fix(tiny_qwen2_dir, tmp_path):
+    """Saved with the adapter at ZeRO-3, loaded by the default's stage-2 engine: the error names
+    the key and value to resume with (DeepSpeed alone fails with a bare AssertionError)."""
+    results = run_distributed(
+        _resume_across_adapter_stages,
+        world_size=2,
+        args=(tiny_qwen2_dir, str(tmp_path / "ckpt")),
+        timeout_s=300,
+    )
+    for res in results:
+        assert "saved by a ZeRO stage-3 engine, but this run builds a stage-2 engine" in res["auto"]
+        assert "zero3_adapter_stage: 3" in res["auto"], res
+        assert res["stage3"] == "loaded at step 1", res
