@@ -104,6 +104,7 @@ class ToolEnv(Env):
             info = {"success": reward >= 1.0, "tool_calls": 0}
             return StepResult(observation=[], reward=reward, done=True, info=info)
         outputs, errors = [], list(turn.errors)
+        made_before = self.calls_made
         for call in turn.calls:
             if self.calls_made >= self.max_tool_calls:
                 errors.append(f"too many tool calls (max {self.max_tool_calls})")
@@ -120,8 +121,9 @@ class ToolEnv(Env):
             else:
                 outputs.append(output)
         messages = [{"role": "tool", "content": text} for text in [*outputs, *errors]]
-        info = {
-            "tool_calls": len(turn.calls),
+        info = {  # calls made: those past max_tool_calls were refused, not run
+            "tool_calls": self.calls_made - made_before,
+            "tool_calls_refused": len(turn.calls) - (self.calls_made - made_before),
             "tool_error": bool(errors),
             "format_error": bool(turn.errors),
         }

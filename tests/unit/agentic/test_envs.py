@@ -93,7 +93,12 @@ def test_calculator_tool_call_then_answer():
     result = env.step(call(expr))
     assert result.observation == [{"role": "tool", "content": str(product)}]
     assert (result.reward, result.done) == (0.0, False)
-    assert result.info == {"tool_calls": 1, "tool_error": False, "format_error": False}
+    assert result.info == {
+        "tool_calls": 1,
+        "tool_calls_refused": 0,
+        "tool_error": False,
+        "format_error": False,
+    }
     final = env.step(f"{product}")
     assert (final.reward, final.done, final.info["success"]) == (1.0, True, True)
 

@@ -103,7 +103,12 @@ def test_tool_env_runs_a_call_then_scores_the_answer():
     assert env.tools == [ECHO.schema(), BOOM.schema()]
     texts, info, reward = step_texts(env, call("echo", '{"text": "hi"}'))
     assert texts == ["HI"] and reward == 0.0
-    assert info == {"tool_calls": 1, "tool_error": False, "format_error": False}
+    assert info == {
+        "tool_calls": 1,
+        "tool_calls_refused": 0,
+        "tool_error": False,
+        "format_error": False,
+    }
     final = env.step("HI")
     assert (final.observation, final.reward, final.done) == ([], 1.0, True)
     assert final.info == {"success": True, "tool_calls": 0}
@@ -135,9 +140,10 @@ def test_tool_env_limits_calls_per_episode_and_reset_clears_the_count():
     env.reset(0)
     texts, info, _ = step_texts(env, call("echo", '{"text": "a"}') * 3)
     assert texts == ["A", "A", "too many tool calls (max 2)"]
-    assert info["tool_error"] and info["tool_calls"] == 3
-    texts, _, _ = step_texts(env, call("echo", '{"text": "b"}'))
+    assert info["tool_error"] and (info["tool_calls"], info["tool_calls_refused"]) == (2, 1)
+    texts, info, _ = step_texts(env, call("echo", '{"text": "b"}'))
     assert texts == ["too many tool calls (max 2)"]
+    assert (info["tool_calls"], info["tool_calls_refused"]) == (0, 1)
     env.reset(1)
     assert step_texts(env, call("echo", '{"text": "c"}'))[0] == ["C"]
 
@@ -147,7 +153,12 @@ def test_tool_env_good_and_bad_calls_in_one_turn():
     env.reset(0)
     texts, info, _ = step_texts(env, call("echo", '{"text": "ok"}') + "<tool_call>{</tool_call>")
     assert texts[0] == "OK" and "not valid JSON" in texts[1] and len(texts) == 2
-    assert info == {"tool_calls": 1, "tool_error": True, "format_error": True}
+    assert info == {
+        "tool_calls": 1,
+        "tool_calls_refused": 0,
+        "tool_error": True,
+        "format_error": True,
+    }
 
 
 def test_tool_env_unknown_parser_lists_the_valid_ones():
