@@ -1,18 +1,16 @@
 """``max_tokens_per_micro_batch`` / ``use_sequence_packing`` refused where they cannot work,
 each with the field and the fix, before any actor starts."""
 
-import pytest
+from _config_problems import problems as config_problems
 
-from roll_ds.config import ConfigError, load_config
+from roll_ds.config import load_config
 from roll_ds.config.checks import micro_batches
 
 CONFIG = "rlvr_full_zero3"  # has a reference role
 
 
 def problems(*overrides: str) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        load_config(CONFIG, list(overrides), check_files=False)
-    return info.value.problems
+    return config_problems(*overrides, config=CONFIG)
 
 
 def test_budget_and_packing_accepted_on_the_torch_roles():
