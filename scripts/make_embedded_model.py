@@ -12,33 +12,33 @@ is shipped rather than built on each machine.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from roll_ds.models.embedded import DEFAULT_RECIPE, SHIPPED_DIR, shipped_digest, write_shipped
+from _shipped_model import rebuild_or_check
+
+from roll_ds.models.embedded import (
+    DEFAULT_RECIPE,
+    SHIPPED_DIR,
+    shipped_digest,
+    write_shipped,
+)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare recipe digests")
-    args = parser.parse_args()
-    current, shipped = DEFAULT_RECIPE.digest(), shipped_digest()
-    if args.check:
-        if shipped != current:
-            print(f"stale: {SHIPPED_DIR} is recipe {shipped}, the current recipe is {current}")
-            return 1
-        print(f"up to date: {SHIPPED_DIR} is recipe {current}")
-        return 0
-    info = write_shipped()
-    print(
-        f"wrote {SHIPPED_DIR}: recipe {info['recipe_digest']}, {info['num_parameters']} "
-        f"parameters, {info['warmup']['steps']} warm-up steps, held-out greedy accuracy "
-        f"{info['warmup_eval_accuracy']}, built in {info['build_seconds']} s"
+    return rebuild_or_check(
+        __doc__.splitlines()[0],
+        shipped_dir=SHIPPED_DIR,
+        current_digest=lambda: DEFAULT_RECIPE.digest(),
+        shipped_digest=shipped_digest,
+        write_shipped=write_shipped,
+        report=lambda info: (
+            f"{info['warmup']['steps']} warm-up steps, held-out greedy accuracy "
+            f"{info['warmup_eval_accuracy']}"
+        ),
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ accuracy is recorded in the directory's roll_ds_recipe.json (``held_out``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _shipped_model import rebuild_or_check
 
 from roll_ds.models.embedded_rm import (
     DEFAULT_RM_RECIPE,
@@ -28,23 +29,14 @@ from roll_ds.models.embedded_rm import (
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare recipe digests")
-    args = parser.parse_args()
-    current, shipped = DEFAULT_RM_RECIPE.digest(_policy()[1]), shipped_digest()
-    if args.check:
-        if shipped != current:
-            print(f"stale: {SHIPPED_DIR} is recipe {shipped}, the current recipe is {current}")
-            return 1
-        print(f"up to date: {SHIPPED_DIR} is recipe {current}")
-        return 0
-    info = write_shipped()
-    print(
-        f"wrote {SHIPPED_DIR}: recipe {info['recipe_digest']}, {info['num_parameters']} "
-        f"parameters, built in {info['build_seconds']} s; held-out accuracy:\n"
-        + json.dumps(info["held_out"], indent=2)
+    return rebuild_or_check(
+        __doc__.splitlines()[0],
+        shipped_dir=SHIPPED_DIR,
+        current_digest=lambda: DEFAULT_RM_RECIPE.digest(_policy()[1]),
+        shipped_digest=shipped_digest,
+        write_shipped=write_shipped,
+        report=lambda info: "held-out accuracy:\n" + json.dumps(info["held_out"], indent=2),
     )
-    return 0
 
 
 if __name__ == "__main__":
