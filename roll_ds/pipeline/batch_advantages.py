@@ -1,8 +1,9 @@
 """The advantage phase of one RLVR step, as a pure function of the batch's columns.
 
-Reads ``scores``, ``response_mask``, ``old_logprobs``, ``rollout_logprobs`` and, where present,
-``ref_logprobs`` (KL to the reference) and ``values`` (the critic's, for gae). Hands the
-estimator exactly the ``algorithm`` settings it reads (``roll_ds.config.estimators``).
+Reads ``scores``, ``response_mask``, ``rollout_logprobs`` and, where present, ``old_logprobs``
+(absent until the train step when it fills them), ``ref_logprobs`` (KL to the reference) and
+``values`` (the critic's, for gae). Hands the estimator exactly the ``algorithm`` settings it
+reads (``roll_ds.config.estimators``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ from roll_ds.algorithms.masks import masked_mean
 from roll_ds.algorithms.policy_loss import rollout_mismatch_metrics
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
 from roll_ds.config.schema import AlgorithmConfig
+
+
+def mismatch_metrics(batch: Mapping[str, Tensor]) -> dict[str, float]:
+    """``rollout/mismatch_*``: how far the rollout engine's log-probs are from the old ones."""
+    mismatch = rollout_mismatch_metrics(
+        batch["old_logprobs"], batch["rollout_logprobs"], batch["response_mask"]
+    )
+    return {f"rollout/{k}": float(v) for k, v in mismatch.items()}
 
 
 def batch_advantages(
@@ -51,8 +60,8 @@ def batch_advantages(
             **options,
         ),
     )
-    mismatch = rollout_mismatch_metrics(batch["old_logprobs"], batch["rollout_logprobs"], mask_BT)
-    metrics.update({f"rollout/{k}": float(v) for k, v in mismatch.items()})
+    if "old_logprobs" in batch:  # else the train step fills them (and these metrics follow)
+        metrics.update(mismatch_metrics(batch))
     metrics["actor/advantage_mean"] = float(masked_mean(advantages_BT, mask_BT))
     columns = {"advantages": advantages_BT}
     if critic:

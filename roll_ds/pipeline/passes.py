@@ -25,6 +25,7 @@ import torch
 
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
+from roll_ds.pipeline.workers import TRAIN_METRICS
 
 SUMMED = ("optimizer_steps",)  # counted over passes; every other metric is averaged
 LAST = ("lr",)  # the LR of the last pass
@@ -96,12 +97,17 @@ def train_passes(
     ppo_epochs: int,
     seed: int,
     balance: Mapping[str, int] | None = None,
+    fill_old_logprobs: bool = False,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of every training role in ``jobs`` (``{role: (columns, loss_fn)}``)
     over ``batch``, the roles side by side on the same row order; a role in ``balance``
     (``{role: rows per rank per optimizer step}``) gets it dealt by tokens (``balance_ranks``).
-    Metrics: ``actor_train``'s unprefixed (``grad_norm``, ``lr``, ...) as the loss names them,
-    the critic's under ``critic/``."""
+    ``fill_old_logprobs`` (one pass, ``actor_train`` not balanced): the actor's train step
+    computes the batch's ``old_logprobs`` as it trains (``train_step_with_old_logprobs``) and
+    they are added to ``batch``. Metrics: ``actor_train``'s unprefixed (``grad_norm``, ``lr``,
+    ...) as the loss names them, the critic's under ``critic/``."""
+    if fill_old_logprobs and (ppo_epochs != 1 or "actor_train" in (balance or {})):
+        raise ValueError("old log-probs come from the train step only in one unbalanced pass")
     parts = {
         name: batch.select(*[k for k in keys if k in batch], meta=False)
         for name, (keys, _) in jobs.items()
@@ -119,11 +125,21 @@ def train_passes(
             for name in jobs
         }
         calls = {
-            name: clusters[name].submit("train_step", parts[name].index(orders[name]), loss_fn)
+            name: clusters[name].submit(
+                "train_step_with_old_logprobs"
+                if fill_old_logprobs and name == "actor_train"
+                else "train_step",
+                parts[name].index(orders[name]),
+                loss_fn,
+            )
             for name, (_, loss_fn) in jobs.items()
         }
         for name, call in calls.items():
-            per_pass[name].append(_mean_dicts(call.get()))
+            result = call.get()
+            if isinstance(result, Batch):  # train_step_with_old_logprobs: rows in batch order
+                batch.tensors["old_logprobs"] = result["old_logprobs"]
+                result = [v for k, v in result.meta.items() if k.startswith(TRAIN_METRICS)]
+            per_pass[name].append(_mean_dicts(result))
     metrics = merge_pass_metrics(per_pass["actor_train"])
     if "critic" in jobs:
         critic = merge_pass_metrics(per_pass["critic"])

@@ -29,10 +29,14 @@ from roll_ds.data.sampler import PromptSampler
 from roll_ds.distributed.batch import Batch
 from roll_ds.export import export_run_step, hf_step_dir
 from roll_ds.models.embedded import resolve_pretrain
-from roll_ds.pipeline.batch_advantages import batch_advantages
+from roll_ds.pipeline.batch_advantages import batch_advantages, mismatch_metrics
 from roll_ds.pipeline.colocation import GENERATE, TRAIN, Choreography, ColocationPlan
 from roll_ds.pipeline.evaluation import evaluate_policy
-from roll_ds.pipeline.logprobs import fill_logprobs, reuse_rollout_logprobs
+from roll_ds.pipeline.logprobs import (
+    fill_logprobs,
+    old_logprobs_in_train_step,
+    reuse_rollout_logprobs,
+)
 from roll_ds.pipeline.loss_fns import CRITIC_KEYS, TRAIN_KEYS, PolicyLoss, ValueLoss
 from roll_ds.pipeline.passes import train_passes
 from roll_ds.pipeline.policy_sync import PolicySync
@@ -281,6 +285,7 @@ class RLVRPipeline:
             reuse=reuse,
             use_critic=self.use_critic,
             kl_coef=self.cfg.algorithm.kl_coef,
+            in_train_step=old_logprobs_in_train_step(self.cfg),
         )
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
@@ -305,14 +310,19 @@ class RLVRPipeline:
             for name in jobs
             if (role := getattr(self.cfg, name)).max_tokens_per_micro_batch is not None
         }
-        return train_passes(
+        fill_old = "old_logprobs" not in batch  # the log-prob phase left them to this step
+        metrics = train_passes(
             self.clusters,
             batch,
             jobs,
             ppo_epochs=self.cfg.algorithm.ppo_epochs,
             seed=seed,
             balance=balance,
+            fill_old_logprobs=fill_old,
         )
+        if fill_old:
+            metrics.update(mismatch_metrics(batch))
+        return metrics
 
     # --- evaluation and checkpoints --------------------------------------------------------
 

@@ -15,6 +15,8 @@ from roll_ds.distributed.worker import Worker
 from roll_ds.strategy import STRATEGIES, StrategyContext
 from roll_ds.weight_sync.worker import ReceiverWorkerMixin, SenderWorkerMixin
 
+TRAIN_METRICS = "train_metrics/"  # meta key prefix of a rank's train metrics
+
 
 class StrategyWorker(Worker):
     """A rank of a model role (actor_train, actor_infer, reference, critic)."""
@@ -75,6 +77,17 @@ class TrainWorker(StrategyWorker):
         return self.strategy.train_step(
             tensors, loss_fn, with_entropy=getattr(loss_fn, "needs_entropy", False)
         )
+
+    @register(Dispatch.DP, even=True)
+    def train_step_with_old_logprobs(self, batch: Batch, loss_fn: Any) -> Batch:
+        """``train_step`` filling the batch's ``old_logprobs`` as it trains (the strategy's
+        ``train_step_with_old_logprobs``): a Batch of this rank's ``old_logprobs`` rows, its
+        metrics in ``meta[f"train_metrics/{rank}"]`` (so the cluster's concat keeps each
+        rank's)."""
+        metrics, old = self.strategy.train_step_with_old_logprobs(
+            dict(batch.tensors), loss_fn, with_entropy=getattr(loss_fn, "needs_entropy", False)
+        )
+        return Batch({"old_logprobs": old}, meta={f"{TRAIN_METRICS}{self.rank}": metrics})
 
     @register(Dispatch.ALL)
     def save_checkpoint(self, path: str, tag: str) -> None:

@@ -53,6 +53,16 @@ logger = logging.getLogger(__name__)
 HEADS = ("lm", "value")
 
 
+def dropout_free(module: torch.nn.Module) -> bool:
+    """Whether a train-mode forward of ``module`` drops nothing: every ``nn.Dropout`` at p=0
+    and every ``*dropout*`` rate of its HF config 0 (attention dropout is a functional call)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
+        return False
+    config = getattr(module, "config", None)
+    rates = config.to_dict() if hasattr(config, "to_dict") else {}
+    return not any(v for k, v in rates.items() if "dropout" in k and isinstance(v, int | float))
+
+
 class DeepSpeedTrainStrategy:
     def __init__(
         self,
@@ -197,9 +207,48 @@ class DeepSpeedTrainStrategy:
         are cut by tokens instead (``step.token_micro_batches``); the strategy then marks the
         accumulation boundary and averages over the step's own micro-batch count, so the
         gradient is the row-count path's."""
+        return self._train(batch, loss_fn, with_entropy=with_entropy, fill_old=False)[0]
+
+    def train_step_with_old_logprobs(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        loss_fn: LossFn,
+        *,
+        with_entropy: bool = False,
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """``train_step`` on a batch that has no ``old_logprobs`` yet, filling them as the
+        separate log-prob pass would (the policy before this step's first update) with less
+        work: the rows of the first optimizer step take their train forward's own log-probs
+        (detached: no update has happened yet, so they are the old policy's), and only the later
+        steps' rows get a no-grad forward before training. Returns the metrics and
+        ``old_logprobs`` ``[B, T-1]`` of every row. Row-count micro batches only; the caller
+        keeps dropout off (a train forward with dropout is not the old policy's)."""
+        self._require_head("lm", "train_step_with_old_logprobs")
+        if self.max_tokens_per_micro_batch is not None:
+            raise ValueError(
+                "train_step_with_old_logprobs needs row-count micro batches; with "
+                "max_tokens_per_micro_batch compute old_logprobs first (compute_logprobs)"
+            )
+        metrics, old = self._train(batch, loss_fn, with_entropy=with_entropy, fill_old=True)
+        assert old is not None
+        return metrics, old
+
+    def _train(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        loss_fn: LossFn,
+        *,
+        with_entropy: bool,
+        fill_old: bool,
+    ) -> tuple[dict[str, float], torch.Tensor | None]:
         micro = self.training_args.per_device_train_batch_size
         accum = self.training_args.gradient_accumulation_steps
         budget = self.max_tokens_per_micro_batch
+        # a train forward with dropout is not the old policy's: then every row gets the no-grad one
+        own_rows = micro * accum if fill_old and dropout_free(self.module) else 0
+        old = self._old_logprobs_after_first_step(batch, own_rows) if fill_old else None
+        if old is not None:
+            batch = {**batch, "old_logprobs": old}
         if budget is None:
             chunks = split_micro_batches(batch, micro=micro, accum=accum)
             steps = [accum] * (len(chunks) // accum)
@@ -226,13 +275,38 @@ class DeepSpeedTrainStrategy:
                     mb = _common.to_device(next(chunk_iter), self.device)
                     # row-count micro batches: DeepSpeed's own micro-step counter decides
                     at_boundary = None if budget is None else j == n - 1
-                    self._train_micro_batch(
-                        mb, loss_fn, kwargs, with_entropy, tally, at_boundary=at_boundary, count=n
+                    own = self._train_micro_batch(
+                        mb,
+                        loss_fn,
+                        kwargs,
+                        with_entropy,
+                        tally,
+                        at_boundary=at_boundary,
+                        count=n,
+                        old_from_forward=own_rows > 0 and k == 0,
                     )
+                    if own is not None:  # the first optimizer step's rows, in chunk order
+                        assert old is not None
+                        old[j * micro : j * micro + own.shape[0]] = own.cpu()
         finally:
             if budget is not None:
                 self.engine.set_gradient_accumulation_boundary(None)
-        return tally.result(len(chunks))
+        return tally.result(len(chunks)), old
+
+    def _old_logprobs_after_first_step(
+        self, batch: Mapping[str, torch.Tensor], first_rows: int
+    ) -> torch.Tensor:
+        """``[B, T-1]`` old log-probs: those of the rows after the first optimizer step's
+        ``first_rows`` from a no-grad forward before any update, zeros for the first rows (their
+        train forward fills them). Every rank holds as many rows, so under ZeRO-3 every rank
+        joins as many forwards."""
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        old = torch.zeros(ids.shape[0], max(0, ids.shape[1] - 1), dtype=torch.float32)
+        if ids.shape[0] > first_rows:
+            old[first_rows:] = self.compute_logprobs(ids[first_rows:], mask[first_rows:])[
+                "logprobs_BT"
+            ]
+        return old
 
     def _train_micro_batch(
         self,
@@ -244,16 +318,23 @@ class DeepSpeedTrainStrategy:
         *,
         at_boundary: bool | None,
         count: int,
-    ) -> None:
+        old_from_forward: bool = False,
+    ) -> torch.Tensor | None:
         """Forward, backward and ``engine.step`` of one micro batch (an optimizer step at the
         accumulation boundary: DeepSpeed's micro-step counter decides, or ``at_boundary`` when
         not None). The loss is averaged over the ``count`` micro batches of its optimizer step
-        (DeepSpeed's ``scale_wrt_gas`` would divide by ``gradient_accumulation_steps``)."""
+        (DeepSpeed's ``scale_wrt_gas`` would divide by ``gradient_accumulation_steps``).
+        ``old_from_forward``: the micro batch's ``old_logprobs`` are its forward's own
+        log-probs, detached (returned; otherwise None)."""
         if at_boundary is not None:
             self.engine.set_gradient_accumulation_boundary(at_boundary)
         out = self._forward(
             self.engine, mb["input_ids"], mb["attention_mask"], with_entropy=with_entropy
         )
+        own = None
+        if old_from_forward:
+            own = out["logprobs_BT"].detach().float()
+            mb = {**mb, "old_logprobs": own}
         output_key = "values_BT" if self.head == "value" else "logprobs_BT"
         loss, metrics = loss_fn(out[output_key], mb, out.get("entropy_BT"), **loss_kwargs)
         boundary = self.engine.is_gradient_accumulation_boundary()
@@ -268,6 +349,7 @@ class DeepSpeedTrainStrategy:
         if boundary:
             norm = self.engine.get_global_grad_norm()
             tally.add_optimizer_step(own_norm if norm is None else norm)
+        return own
 
     @property
     def global_step(self) -> int:

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from roll_ds.config.schema import AlgorithmConfig
+from roll_ds.distributed.batch import Batch
 from roll_ds.pipeline.loss_fns import PolicyLoss
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
 
@@ -231,3 +232,85 @@ def test_old_logprobs_reuse_follows_the_mode_and_the_evidence():
     assert not reuse(cfg, 0.0, 3e-6)  # bf16 numbers differ
     assert reuse(_cfg(old_logprobs="rollout"), 2.0, None)
     assert not reuse(_cfg(old_logprobs="recompute"), 0.0, 3e-6)
+
+
+def test_old_logprobs_come_from_the_train_step_only_where_nothing_reads_them_before():
+    from roll_ds.pipeline.logprobs import old_logprobs_in_train_step
+
+    cfg = _cfg()
+    cfg.actor_train.strategy_args.strategy_name = "deepspeed_train"
+    assert old_logprobs_in_train_step(cfg)
+    for change in (
+        lambda c: setattr(c.algorithm, "kl_coef", 0.1),  # the reference KL reads them first
+        lambda c: setattr(c.algorithm, "ppo_epochs", 2),  # later passes need them fixed
+        lambda c: setattr(c.actor_train, "max_tokens_per_micro_batch", 64),
+        lambda c: setattr(c.actor_train.model_args, "lora_dropout", 0.1),
+        lambda c: setattr(c.actor_train.strategy_args, "strategy_name", "hf_train"),
+    ):
+        other = _cfg()
+        other.actor_train.strategy_args.strategy_name = "deepspeed_train"
+        change(other)
+        assert not old_logprobs_in_train_step(other)
+
+
+class _Pending:
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+class _Actor:
+    """Two ranks; records the calls a pass makes and answers as the workers would."""
+
+    def __init__(self):
+        self.calls = []
+
+    def compute_logprobs(self, inputs, key):
+        self.calls.append("compute_logprobs")
+        return Batch({key: torch.zeros(len(inputs), 3)})
+
+    def submit(self, method, batch, loss_fn):
+        self.calls.append(method)
+        if method == "train_step":
+            return _Pending([{"loss": 1.0}, {"loss": 3.0}])
+        half = len(batch) // 2  # each rank's rows, its metrics under its own meta key
+        ranks = [
+            Batch(
+                {"old_logprobs": batch["input_ids"][r * half : (r + 1) * half, 1:].float()},
+                meta={f"train_metrics/{r}": {"loss": 1.0 + 2 * r}},
+            )
+            for r in range(2)
+        ]
+        return _Pending(Batch.concat(ranks))
+
+
+def test_the_train_step_fills_old_logprobs_in_row_order_with_both_ranks_metrics():
+    from roll_ds.pipeline.logprobs import fill_logprobs
+    from roll_ds.pipeline.passes import train_passes
+
+    ids = torch.arange(16).reshape(4, 4)
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones(4, 4, dtype=torch.long)})
+    actor = _Actor()
+    stats = fill_logprobs(
+        batch,
+        {"actor_train": actor},
+        reuse=False,
+        use_critic=False,
+        kl_coef=0.0,
+        in_train_step=True,
+    )
+    assert "old_logprobs" not in batch and actor.calls == []  # no separate pass
+    assert stats == {"actor/old_logprobs_recomputed": 1.0, "actor/old_logprobs_in_train_step": 1.0}
+    jobs = {"actor_train": (("input_ids", "attention_mask"), None)}
+    metrics = train_passes(
+        {"actor_train": actor}, batch, jobs, ppo_epochs=1, seed=0, fill_old_logprobs=True
+    )
+    assert actor.calls == ["train_step_with_old_logprobs"]
+    assert torch.equal(batch["old_logprobs"], ids[:, 1:].float())
+    assert metrics["loss"] == 2.0  # the mean over both ranks
+    with pytest.raises(ValueError, match="one unbalanced pass"):
+        train_passes(
+            {"actor_train": actor}, batch, jobs, ppo_epochs=2, seed=0, fill_old_logprobs=True
+        )
