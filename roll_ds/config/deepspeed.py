@@ -19,7 +19,7 @@ backward), ``2`` keeps them replicated and partitions only their gradients and o
 picks 2 whenever the base is whole; with a partitioned base it is always 3 (stage 2 cannot
 partition the base). A stage-2 pick rewrites the built config's ``zero_optimization.stage`` to 2
 (its ``stage3_*`` keys dropped), so every later reader (engine, weight sync, export, offload,
-checkpoints) sees the engine it gets; ``adapter_stage_lowered`` tells the two apart.
+checkpoints) sees the engine it gets; the kept ``zero3_adapter_stage: 2`` says it was lowered.
 """
 
 from __future__ import annotations
@@ -308,11 +308,6 @@ def _lower_to_stage_2(cfg: dict[str, Any]) -> None:
     zero["stage"] = 2
     for key in [k for k in zero if k.startswith("stage3_") or k == "sub_group_size"]:
         del zero[key]
-
-
-def adapter_stage_lowered(ds_config: Mapping[str, Any]) -> bool:
-    """Whether a built config is a stage-3 one run at stage 2 (``zero3_adapter_stage``)."""
-    return ds_config.get(ADAPTER_STAGE_KEY) == 2 and zero_stage(ds_config) == 2
 
 
 def frozen_base_whole(ds_config: Mapping[str, Any]) -> bool:

@@ -49,12 +49,16 @@ def check_layout(engine: Any, path: str, tag: str) -> None:
         saved = json.load(f)["zero_stage"]
     stage = engine.zero_optimization_stage()
     if saved != stage:
+        lora = (
+            f" and, for LoRA under ZeRO-3, strategy_config.zero3_adapter_stage: {saved} (a whole "
+            "frozen base trains its adapter at stage 2 by default)"
+            if saved in (2, 3)
+            else ""
+        )
         raise ValueError(
             f"checkpoint {os.path.join(path, tag)} was saved by a ZeRO stage-{saved} engine, "
             f"but this run builds a stage-{stage} engine, whose layout differs. Resume with "
-            f"the settings it was saved under: the ZeRO preset (strategy_config) and, for LoRA "
-            f"under ZeRO-3, strategy_config.zero3_adapter_stage: {saved if saved in (2, 3) else 3}"
-            " (a whole frozen base trains its adapter at stage 2 by default)"
+            f"the settings it was saved under: the ZeRO preset (strategy_config){lora}"
         )
 
 

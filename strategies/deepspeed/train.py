@@ -98,6 +98,7 @@ class DeepSpeedTrainStrategy:
         self.engine: Any = None
         self.ds_config: dict[str, Any] = {}
         self._offloaded = False
+        self._dropout_free = False  # set by initialize
 
     @classmethod
     def from_worker_config(
@@ -156,6 +157,8 @@ class DeepSpeedTrainStrategy:
         self.engine, self.optimizer, self.lr_scheduler = build_engine(
             model, self.ds_config, self.training_args, max_steps=self.max_steps
         )
+        # a train forward with dropout is not the old policy's (train_step_with_old_logprobs)
+        self._dropout_free = dropout_free(self.module)
 
     def _forward(
         self,
@@ -244,8 +247,8 @@ class DeepSpeedTrainStrategy:
         micro = self.training_args.per_device_train_batch_size
         accum = self.training_args.gradient_accumulation_steps
         budget = self.max_tokens_per_micro_batch
-        # a train forward with dropout is not the old policy's: then every row gets the no-grad one
-        own_rows = micro * accum if fill_old and dropout_free(self.module) else 0
+        # with dropout every row gets the no-grad forward (a train forward is not the old one)
+        own_rows = micro * accum if fill_old and self._dropout_free else 0
         old = self._old_logprobs_after_first_step(batch, own_rows) if fill_old else None
         if old is not None:
             batch = {**batch, "old_logprobs": old}
