@@ -316,7 +316,7 @@ def main() -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             run_program(cfg, status_fd, source, stdin_fd, root)
-        signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+        signal.signal(signal.SIGTERM, lambda *_: _kill(pid))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         os.close(stdin_fd)
         try:  # lets a caller check that nothing of the namespace outlives the run
@@ -326,12 +326,21 @@ def main() -> int:
         started = {"event": "started", "pid": pid, "pid_ns": pid_ns, "namespaces": namespaces}
         _report(status_fd, started)
         _, status, usage = os.wait4(pid, 0)
+        # The program is reaped: a stop that comes now (the run's wall-clock deadline racing its
+        # CPU limit) has nothing left to kill and must not turn the exit into an error.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         cpu_s = usage.ru_utime + usage.ru_stime
         _report(status_fd, {"event": "exit", "status": status, "cpu_s": cpu_s})
         return 0
     except BaseException as e:
         _report(status_fd, {"event": "error", "stage": stage, "error": f"{type(e).__name__}: {e}"})
         return 3
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL the program; it may have just died (its CPU limit), which is not an error."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
