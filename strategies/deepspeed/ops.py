@@ -31,6 +31,12 @@ load runs again (``load_ops``). The optimizer (``DeepSpeedCPUAdam``, ``FusedAdam
 ``deepspeed.initialize`` run under the same bound (set the variable in a role's
 ``system_envs``).
 
+Arch-specific CUDA targets. DeepSpeed 0.19.8 reads each ``TORCH_CUDA_ARCH_LIST`` entry's minor
+version with ``int()``, so an entry such as ``9.0a`` (PyTorch's ``sm_90a``, which CUDA images for
+Hopper set) fails every CUDA op build with ``invalid literal for int() with base 10: '0a'`` (seen
+on an H100: FusedAdam fell back to torch's AdamW). ``load_ops`` builds with the letter suffixes
+dropped (``9.0``: code every Hopper GPU runs) and restores the variable afterwards.
+
 Not prebuilt by ``scripts/setup.sh``: measured on the 2-core box, ``cpu_adam`` took 2 min of CPU
 (5.5 min wall with other work running) and ``deepspeed_shm_comm`` about 80 s wall, which would
 double the setup for ops built on first use anyway (``cpu_adam`` only by the offload presets); and
@@ -43,6 +49,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -262,14 +269,46 @@ def bounded_op_builds(timeout_s: float | None = None) -> Iterator[None]:
         file_baton.FileBaton.wait = original
 
 
+ARCH_LIST_ENV = "TORCH_CUDA_ARCH_LIST"
+_ARCH_SUFFIX = re.compile(r"\b(\d+\.\d+)[a-z]\b")  # 9.0a, 10.0f, ... (not the +PTX marker)
+
+
+def generic_arch_list(value: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` with arch-specific suffixes dropped: ``"8.0;9.0a+PTX"`` ->
+    ``"8.0;9.0+PTX"`` (see the module doc)."""
+    return _ARCH_SUFFIX.sub(r"\1", value)
+
+
+@contextlib.contextmanager
+def arch_list_deepspeed_parses() -> Iterator[None]:
+    """``TORCH_CUDA_ARCH_LIST`` without arch-specific suffixes inside, as it was after (DeepSpeed
+    also rewrites it while it builds)."""
+    before = os.environ.get(ARCH_LIST_ENV)
+    if before is None or generic_arch_list(before) == before:
+        yield
+        return
+    os.environ[ARCH_LIST_ENV] = generic_arch_list(before)
+    logger.info(
+        "building DeepSpeed ops with %s=%s (was %s)",
+        ARCH_LIST_ENV,
+        generic_arch_list(before),
+        before,
+    )
+    try:
+        yield
+    finally:
+        os.environ[ARCH_LIST_ENV] = before
+
+
 def load_ops(fn: Callable[[], T], *, retry: bool = True, timeout_s: float | None = None) -> T:
-    """``fn()`` (a call that may build DeepSpeed ops) with stale locks cleared first and lock
-    waits bounded. ``retry``: call ``fn`` again when a lock it waited on was left by a dead
-    build (only for calls that leave nothing behind when they fail)."""
+    """``fn()`` (a call that may build DeepSpeed ops) with stale locks cleared first, lock
+    waits bounded and a ``TORCH_CUDA_ARCH_LIST`` DeepSpeed can parse. ``retry``: call ``fn``
+    again when a lock it waited on was left by a dead build (only for calls that leave nothing
+    behind when they fail)."""
     clear_stale_locks()
     for attempt in range(1, LOAD_ATTEMPTS + 1):
         try:
-            with bounded_op_builds(timeout_s):
+            with bounded_op_builds(timeout_s), arch_list_deepspeed_parses():
                 return fn()
         except _LockCleared as cleared:
             if not retry or attempt == LOAD_ATTEMPTS:

@@ -115,6 +115,8 @@ def test_startup_with_a_stale_lock_builds_instead_of_hanging(tmp_path, held_by_l
     lock = stale_lock(tmp_path)
     child = holder(lock) if held_by_live_build else None
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), **{ops.OP_BUILD_TIMEOUT_ENV: "3"})
+    # the CPU path on any machine: DeepSpeed builds deepspeed_shm_comm for its CPU accelerator
+    env.update(ROLL_DS_DEVICE="cpu", DS_ACCELERATOR="cpu")
     env.pop("RANK", None), env.pop("WORLD_SIZE", None)
     try:
         run = subprocess.run(
@@ -166,3 +168,29 @@ def test_a_lock_on_a_shared_file_system_is_never_cleared(tmp_path, monkeypatch):
     with pytest.raises(ops.OpBuildTimeout, match="cannot see"):
         ops.wait_for_lock(lock, timeout_s=0.5, stale_poll_s=0.1)
     assert lock.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "generic"),
+    [("9.0a", "9.0"), ("8.0;9.0a+PTX", "8.0;9.0+PTX"), ("8.6 10.0f", "8.6 10.0"), ("8.0", "8.0")],
+)
+def test_arch_specific_targets_are_made_generic(value, generic):
+    assert ops.generic_arch_list(value) == generic
+
+
+def test_deepspeed_parses_the_arch_list_inside_load_ops_and_it_is_restored(monkeypatch):
+    """DeepSpeed's own CUDA op builder fails on ``9.0a`` (as FusedAdam did on an H100 whose image
+    sets it); inside ``load_ops`` it reads ``9.0``, and the variable is back afterwards."""
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    def arch_args() -> str:
+        builder = FusedAdamBuilder()
+        builder.jit_mode = True  # as in a JIT load: the targets come from TORCH_CUDA_ARCH_LIST
+        builder.compute_capability_args()
+        return os.environ[ops.ARCH_LIST_ENV]
+
+    monkeypatch.setenv(ops.ARCH_LIST_ENV, "8.0;9.0a")
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        arch_args()
+    assert ops.load_ops(arch_args) == "8.0;9.0+PTX"  # as DeepSpeed rewrote it while building
+    assert os.environ[ops.ARCH_LIST_ENV] == "8.0;9.0a"
