@@ -3,6 +3,8 @@
 - one GPU: actor_train and actor_infer share GPU 0; ``transport: auto`` picks ``cuda_ipc``,
   refuses ``collective`` (NCCL would put two ranks on one GPU), and the synced engine's log-probs
   match the trainer's;
+- one GPU, no Ray or vLLM: the CUDA IPC plane between two processes, two buckets (the second
+  larger, so the send buffer is re-exported), received bit for bit;
 - one GPU, object_store: the whole model crosses vLLM's process boundary (collective_rpc into
   the engine core's worker) as plain bytes, with parity;
 - two GPUs: the 16-GPU example in miniature. Two ZeRO-3 train ranks and one TP=2 vLLM engine on
@@ -170,3 +172,47 @@ def test_tp2_engine_takes_each_shard_from_the_train_rank_on_its_gpu(tiny_qwen2_d
         assert [len(r) for r in out["response_ids"]] == [6, 6]
     finally:
         stop()
+
+
+def _ipc_member() -> bool:
+    """One of two processes sharing GPU 0: rank 0 sends two buckets by CUDA IPC (the second one
+    larger, so the buffer is re-exported), rank 1 receives and checks them."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from roll_ds.weight_sync.collective import (
+        GroupSpec,
+        ReceiveStream,
+        TransferGroup,
+        receive_into,
+        send_stream,
+    )
+    from roll_ds.weight_sync.cuda_ipc import IpcPlane
+
+    rank, host, port = int(os.environ["RANK"]), os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    torch.cuda.set_device(0)
+    spec = GroupSpec(host, int(port), 2, "gloo", 60.0, prefix="test/cuda_ipc")
+    store = TCPStore(host, int(port), None, rank == 0, timedelta(seconds=60))
+    group = TransferGroup(spec, rank, device="cuda:0", store=store)
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(64, 32, generator=g).cuda()
+    buckets = [
+        [("model.embed_tokens.weight", embed), ("lm_head.weight", embed)],
+        [("model.norm.weight", torch.randn(4096, generator=g).cuda().bfloat16())],
+    ]
+    if rank == 0:
+        return send_stream(group, iter(buckets), IpcPlane())["buckets"] == 2
+    got = receive_into(
+        lambda named: [(n, t.cpu()) for n, t in named], ReceiveStream(group, IpcPlane())
+    )
+    want = [(n, t.cpu()) for b in buckets for n, t in b]
+    return [n for n, _ in got] == [n for n, _ in want] and all(
+        torch.equal(a, b) for (_, a), (_, b) in zip(got, want, strict=True)
+    )
+
+
+def test_cuda_ipc_moves_buckets_between_processes_on_one_gpu():
+    from _dist import run_distributed
+
+    assert run_distributed(_ipc_member, world_size=2, timeout_s=120) == [True, True]

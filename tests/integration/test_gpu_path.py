@@ -4,13 +4,17 @@ Each test is the CPU test of the same thing, on CUDA:
 
 - NCCL weight sync between two separate GPUs (trainer on GPU 0, vLLM on GPU 1), with the
   log-prob parity check before and after (``test_weight_sync.py`` on CPU with gloo);
-- ZeRO-3 with CPU offload on 2 GPU ranks: DeepSpeedCPUAdam really runs, and the loss trajectory
-  equals ZeRO-3 without offload (``test_zero_parity.py``);
+- ZeRO-3 with CPU offload on the GPUs (one rank per GPU, up to 2): DeepSpeedCPUAdam really
+  runs, and the loss trajectory equals ZeRO-3 without offload on FusedAdam
+  (``test_zero_parity.py``);
+- LoRA under ZeRO-3 on the GPUs, bf16 kernels aside (fp32): each frozen-base / adapter-stage
+  case of ``test_lora_zero3.py``, the same checks, the CPU reference forward within ``GPU_ATOL``;
 - a 3-step RLVR run of the embedded model on 2 GPUs through run.py, colocated (train and vLLM
   on the same GPUs, weights by CUDA IPC) and separate (NCCL) (``test_rlvr_pipeline.py``).
 
-Without CUDA (or with fewer than 2 GPUs) they skip with the reason; the overrides the runs use
-are composed and validated on CPU by the one test here that runs everywhere.
+Without CUDA (or with fewer than 2 GPUs where a test needs 2) they skip with the reason; the
+overrides the runs use are composed and validated on CPU by the one test here that runs
+everywhere.
 Colocated CUDA IPC sync, TP=2 vLLM and sleep/wake memory have their own GPU tests
 (``test_weight_sync.py``, ``test_vllm_strategy.py`` and the colocation tests).
 """
@@ -32,8 +36,10 @@ TWO_GPUS = pytest.mark.skipif(
 )
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from test_lora_zero3 import CASES as LORA_CASES  # noqa: E402
 
 PARITY_MAX = 2e-3  # trainer (fp32) vs vLLM (fp32) on the probe; GPU kernels differ from CPU's
+GPU_ATOL = 1e-4  # fp32 log-probs on CUDA against the same model's forward on the CPU
 VOCAB = 128
 
 # --- NCCL weight sync across two separate GPUs ----------------------------------------------
@@ -139,20 +145,44 @@ def _zero3_with_and_without_offload(model_path: str) -> dict:
     return out
 
 
+def _gpu_ranks() -> int:
+    return min(2, torch.cuda.device_count())
+
+
 @pytest.mark.gpu
-@TWO_GPUS
-def test_zero3_cpu_offload_trains_on_two_gpus(tiny_qwen2_dir):
+def test_zero3_cpu_offload_trains_on_the_gpus(tiny_qwen2_dir):
     from _dist import run_distributed
 
     results = run_distributed(
-        _zero3_with_and_without_offload, world_size=2, args=(tiny_qwen2_dir,), timeout_s=600
+        _zero3_with_and_without_offload,
+        world_size=_gpu_ranks(),
+        args=(tiny_qwen2_dir,),
+        timeout_s=600,
     )
     for rank, res in enumerate(results):
         assert res["3_offload/optimizer"] == "DeepSpeedCPUAdam", res
+        assert res["3/optimizer"] == "FusedAdam", res  # built, whatever TORCH_CUDA_ARCH_LIST says
         ref = res["3"]
         assert all(b < a for a, b in itertools.pairwise(ref)), f"rank {rank}: {ref}"
         # CPU Adam vs the GPU's fused Adam, fp32: reduction order only
         assert res["3_offload"] == pytest.approx(ref, rel=1e-4, abs=1e-5), (rank, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("frozen_base", "adapter_stage", "engine_stage"), LORA_CASES)
+def test_lora_under_zero3_on_the_gpus(
+    tiny_qwen2_dir, tmp_path, frozen_base, adapter_stage, engine_stage
+):
+    from _dist import run_distributed
+    from test_lora_zero3 import _lora_checks, check_lora_results
+
+    results = run_distributed(
+        _lora_checks,
+        world_size=_gpu_ranks(),
+        args=(tiny_qwen2_dir, str(tmp_path / "export"), frozen_base, adapter_stage),
+        timeout_s=600,
+    )
+    check_lora_results(results, frozen_base, engine_stage, GPU_ATOL)
 
 
 # --- 3-step RLVR runs of the embedded model on 2 GPUs ---------------------------------------

@@ -114,12 +114,12 @@ def _train_once(model_path: str, stage: int, micro: int, accum: int, loss_fn, **
     logprobs = s.compute_logprobs(rows["input_ids"], rows["attention_mask"])["logprobs_BT"]
     metrics = s.train_step(rows, loss_fn, with_entropy=True)
     weights = {  # numpy: torch tensors would cross the process boundary as shared memory
-        name: tensor.detach().clone().numpy()
+        name: tensor.detach().clone().cpu().numpy()
         for bucket in s.named_weights_for_sync(bucket_bytes=2**30)
         for name, tensor in bucket
     }
     s.close()
-    return {"metrics": metrics, "weights": weights, "logprobs": logprobs.numpy()}
+    return {"metrics": metrics, "weights": weights, "logprobs": logprobs.cpu().numpy()}
 
 
 def _splits_on_ranks(model_path: str) -> dict:

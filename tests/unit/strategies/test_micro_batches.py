@@ -126,12 +126,12 @@ def _grads(model, loss):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("attn,lora", [("sdpa", False), ("eager", False), ("sdpa", True)])
-def test_packed_logprobs_and_grads_equal_padded(attn, lora):
-    model = _tiny_model(attn, lora)
-    ids, mask = _batch()
+def _packed_against_padded(attn: str, lora: bool, device: str) -> None:
+    model = _tiny_model(attn, lora).to(device)
+    ids, mask = (t.to(device) for t in _batch())
     valid = (mask[:, 1:] * mask[:, :-1]).float()  # a column whose token and next are real
-    weights = torch.randn(valid.shape, generator=torch.Generator().manual_seed(1)) * valid
+    weights = torch.randn(valid.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    weights = weights * valid
     results = []
     for packed in (False, True):
         out = forward_logprobs(model, ids, mask, with_entropy=True, packed=packed)
@@ -145,6 +145,32 @@ def test_packed_logprobs_and_grads_equal_padded(attn, lora):
     assert padded_grads.keys() == packed_grads.keys() and padded_grads
     for name, grad in padded_grads.items():
         assert (grad - packed_grads[name]).abs().max() < 1e-5, name
+
+
+@pytest.mark.parametrize("attn,lora", [("sdpa", False), ("eager", False), ("sdpa", True)])
+def test_packed_logprobs_and_grads_equal_padded(attn, lora):
+    _packed_against_padded(attn, lora, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attn,lora", [("sdpa", False), ("eager", False), ("sdpa", True)])
+def test_packed_logprobs_and_grads_equal_padded_on_cuda(attn, lora):
+    """The same on CUDA kernels (fp32, TF32 off: PyTorch's default for matmuls)."""
+    _packed_against_padded(attn, lora, "cuda")
+
+
+@pytest.mark.gpu
+def test_packed_equals_padded_with_flash_attention_2():
+    """fa2 (``attn_implementation: fa2``) takes the packed row through its varlen kernel; it
+    runs in bf16 only, so the bound is bf16's."""
+    pytest.importorskip("flash_attn")
+    model = _tiny_model("flash_attention_2").to("cuda", torch.bfloat16)
+    ids, mask = (t.to("cuda") for t in _batch())
+    valid = (mask[:, 1:] * mask[:, :-1]).float()
+    with torch.no_grad():
+        padded = forward_logprobs(model, ids, mask, packed=False)["logprobs_BT"].float()
+        packed = forward_logprobs(model, ids, mask, packed=True)["logprobs_BT"].float()
+    assert ((padded - packed) * valid).abs().max() < 5e-2
 
 
 def test_packed_value_head_equals_padded():
