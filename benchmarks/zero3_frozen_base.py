@@ -259,8 +259,12 @@ def report(summary: dict[str, dict], args: argparse.Namespace) -> str:
         f"{'logp s':>8}{'total s':>9}{'x part.':>8}{'CPU s':>7}{'x part.':>8}"
         f"{'param MiB/rank':>16}{'RSS MiB/rank':>15}"
     )
+    from roll_ds.platform import current_platform
+
+    where = current_platform()
     lines = [
-        f"{args.model}, LoRA r{args.lora_rank}, {args.dtype}, {args.world_size} ranks (gloo, CPU), "
+        f"{args.model}, LoRA r{args.lora_rank}, {args.dtype}, {args.world_size} ranks "
+        f"({where.dist_backend}, {where.device_type}), "
         f"{args.micro_batch}x{args.accum} rows of {args.seq_len} tokens per rank, medians of "
         f"{args.rounds} rounds x {args.repeats} repeats",
         head,

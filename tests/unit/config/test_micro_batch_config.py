@@ -74,3 +74,20 @@ def test_packing_needs_an_attention_that_keeps_sequences_apart(monkeypatch):
     assert msg.startswith("actor_train.use_sequence_packing: attention implementation 'sdpa'")
     assert "actor_train.model_args.attn_implementation" in msg
     assert "use_sequence_packing: false" in msg
+
+
+def test_packing_through_a_dense_mask_is_warned_about_with_the_fix():
+    from roll_ds.config.validate import validate
+
+    cfg = load_config(CONFIG, ["reference.use_sequence_packing=true"], check_files=False)
+    [msg] = validate(cfg, check_files=False)
+    assert msg.startswith("reference.use_sequence_packing with attn_implementation null (sdpa)")
+    assert micro_batches.PACKING_DENSE_MASK in msg
+    assert "reference.model_args.attn_implementation: fa2" in msg
+    assert "use_sequence_packing: false" in msg
+    fa2 = load_config(
+        CONFIG,
+        ["reference.use_sequence_packing=true", "reference.model_args.attn_implementation=fa2"],
+        check_files=False,
+    )
+    assert validate(fa2, check_files=False) == []
