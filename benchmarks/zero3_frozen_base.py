@@ -19,7 +19,7 @@ one warm-up step that is dropped. Variants (``--variants``):
     zero3_whole      zero3_frozen_base: whole: the base loaded whole on every rank and kept out
                      of ZeRO-3 (buffers), zero3_adapter_stage: 3: only the adapter is partitioned
     zero3_auto       the ZeRO-3 preset as shipped (its "auto" resolution decides: with the base
-                     whole, the adapter trains at stage 2)
+                     whole, the adapter trains at stage 1)
 
 The box may be shared, so ``--rounds`` runs the whole variant list again (A B C A B C ...) and the
 figures are medians over all rounds; compare the ratios to ``zero3_partition`` more than the
@@ -73,7 +73,7 @@ def variant_config(variant: str, hidden: int) -> dict[str, Any]:
         zero["stage3_param_persistence_threshold"] = PERSIST_ALL
     elif variant == "zero3_whole":
         cfg["zero3_frozen_base"] = "whole"
-        cfg["zero3_adapter_stage"] = 3  # the adapter partitioned too (auto would run stage 2)
+        cfg["zero3_adapter_stage"] = 3  # the adapter partitioned too (auto would run stage 1)
     elif variant != "zero3_auto":
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
     return cfg

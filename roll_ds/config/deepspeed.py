@@ -14,12 +14,20 @@ the adapter is partitioned). ``auto`` picks ``whole`` when the base's bytes are 
 
 ``zero3_adapter_stage`` (also roll_ds's) says which ZeRO stage trains the adapter once the base
 is whole: ``3`` partitions the adapter's weights too (gathered around every module's forward and
-backward), ``2`` keeps them replicated and partitions only their gradients and optimizer states
-(no per-module gather hooks; the adapter of a LoRA r16 model is ~0.5% of its base). ``auto``
-picks 2 whenever the base is whole; with a partitioned base it is always 3 (stage 2 cannot
-partition the base). A stage-2 pick rewrites the built config's ``zero_optimization.stage`` to 2
-(its ``stage3_*`` keys dropped), so every later reader (engine, weight sync, export, offload,
-checkpoints) sees the engine it gets; the kept ``zero3_adapter_stage: 2`` says it was lowered.
+backward); ``2`` keeps them replicated and partitions their gradients (reduced after every
+micro-batch) and optimizer states; ``1`` keeps weights and gradients replicated and partitions
+the optimizer states, so gradients are reduced once per optimizer step (no per-module gather
+hooks in either; the adapter of a LoRA r16 model is ~0.5% of its base, its gradients as small).
+``auto`` picks 1 whenever the base is whole, 2 if optimizer states are offloaded (DeepSpeed
+offloads them from stage 2 up); with a partitioned base it is always 3 (stages 1 and 2 cannot
+partition the base). A stage-1 or -2 pick rewrites the built config's
+``zero_optimization.stage`` (its ``stage3_*`` keys dropped), so every later reader (engine,
+weight sync, export, offload, checkpoints) sees the engine it gets; the kept
+``zero3_adapter_stage`` says it was lowered.
+
+With LoRA, an ``"auto"`` ``reduce_bucket_size`` holds the whole adapter's gradients
+(``DeepSpeedInputs.trainable_numel``, at least hidden x hidden): one reduction per step instead
+of one per hidden x hidden elements.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ VALID_STAGES = (0, 1, 2, 3)
 FROZEN_BASE_KEY = "zero3_frozen_base"
 FROZEN_BASE_MODES = (AUTO, "whole", "partitioned")
 ADAPTER_STAGE_KEY = "zero3_adapter_stage"
-ADAPTER_STAGES = (AUTO, 2, 3)
+ADAPTER_STAGES = (AUTO, 1, 2, 3)
+DEEPSPEED_BUCKET_DEFAULT = 500_000_000  # DeepSpeed's own reduce_bucket_size (elements)
 # "auto" keeps a LoRA base whole when it takes at most this share of a rank's memory (a GPU's, or
 # its share of host memory): the rest is left to activations, the adapter and colocated engines.
 FROZEN_BASE_BUDGET_FRACTION = 0.25
@@ -53,6 +62,7 @@ class DeepSpeedInputs:
     lora: bool = False  # LoRA: a frozen base with a trainable adapter
     frozen_base_bytes: int | None = None  # the frozen base's bytes; None: unknown
     rank_memory_bytes: int | None = None  # one rank's device memory; None: unknown
+    trainable_numel: int | None = None  # LoRA: the adapter's parameter count; None: unknown
 
 
 class DeepSpeedConfigError(ValueError):
@@ -137,12 +147,17 @@ def check_deepspeed_config(ds_config: Mapping[str, Any], where: str) -> list[str
         )
     adapter = ds_config.get(ADAPTER_STAGE_KEY, AUTO)
     if isinstance(adapter, bool) or adapter not in ADAPTER_STAGES:
-        problems.append(f"{where}.{ADAPTER_STAGE_KEY}: {adapter!r} is not one of auto, 2, 3")
-    elif adapter == 2 and mode == "partitioned":
+        problems.append(f"{where}.{ADAPTER_STAGE_KEY}: {adapter!r} is not one of auto, 1, 2, 3")
+    elif adapter in (1, 2) and mode == "partitioned":
         problems.append(
-            f"{where}.{ADAPTER_STAGE_KEY}: 2 needs the frozen base whole, but "
+            f"{where}.{ADAPTER_STAGE_KEY}: {adapter} needs the frozen base whole, but "
             f"{FROZEN_BASE_KEY} is partitioned (only ZeRO-3 can partition it); set "
             f"{ADAPTER_STAGE_KEY}: auto or 3, or {FROZEN_BASE_KEY}: whole"
+        )
+    elif adapter == 1 and "offload_optimizer" in offload_devices(ds_config):
+        problems.append(
+            f"{where}.{ADAPTER_STAGE_KEY}: 1 cannot offload the optimizer (DeepSpeed offloads "
+            f"from stage 2 up); set {ADAPTER_STAGE_KEY}: auto or 2, or drop offload_optimizer"
         )
     fp16 = (ds_config.get("fp16") or {}).get("enabled") is True
     bf16 = (ds_config.get("bf16") or {}).get("enabled") is True
@@ -227,8 +242,11 @@ def build_deepspeed_config(
     zero = cfg.get("zero_optimization")
     if isinstance(zero, dict):
         hidden = inputs.hidden_size
+        reduce = hidden * hidden if hidden else None
+        if inputs.lora and inputs.trainable_numel:  # the adapter's gradients in one bucket
+            reduce = min(max(reduce or 0, inputs.trainable_numel), DEEPSPEED_BUCKET_DEFAULT)
         sizes = {
-            "reduce_bucket_size": hidden * hidden if hidden else None,
+            "reduce_bucket_size": reduce,
             "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden) if hidden else None,
             "stage3_param_persistence_threshold": 10 * hidden if hidden else None,
         }
@@ -242,8 +260,8 @@ def build_deepspeed_config(
     if zero_stage(cfg) == 3 and not problems:
         cfg[FROZEN_BASE_KEY] = frozen_base_mode(cfg, inputs)
         cfg[ADAPTER_STAGE_KEY] = adapter_stage(cfg)
-        if cfg[ADAPTER_STAGE_KEY] == 2:
-            _lower_to_stage_2(cfg)
+        if cfg[ADAPTER_STAGE_KEY] < 3:
+            _lower_stage(cfg, cfg[ADAPTER_STAGE_KEY])
     else:
         cfg.pop(FROZEN_BASE_KEY, None)  # only ZeRO-3 partitions parameters
         cfg.pop(ADAPTER_STAGE_KEY, None)
@@ -293,19 +311,23 @@ def frozen_base_mode(ds_config: Mapping[str, Any], inputs: DeepSpeedInputs) -> s
 
 
 def adapter_stage(ds_config: Mapping[str, Any]) -> int:
-    """2 or 3: the stage that trains a LoRA adapter under a stage-3 config whose frozen base is
-    resolved (module doc). ``auto``: 2 when the base is whole."""
+    """1, 2 or 3: the stage that trains a LoRA adapter under a stage-3 config whose frozen base
+    is resolved (module doc). ``auto``: 1 when the base is whole, 2 if the optimizer is
+    offloaded."""
     whole = ds_config.get(FROZEN_BASE_KEY) == "whole"
     stage = ds_config.get(ADAPTER_STAGE_KEY, AUTO)
-    if stage == AUTO:
-        return 2 if whole else 3
-    return int(stage)
+    if stage != AUTO:
+        return int(stage)
+    if not whole:
+        return 3
+    return 2 if "offload_optimizer" in offload_devices(ds_config) else 1
 
 
-def _lower_to_stage_2(cfg: dict[str, Any]) -> None:
-    """Make a stage-3 config whose base is whole a stage-2 one (its stage-3 knobs dropped)."""
+def _lower_stage(cfg: dict[str, Any], stage: int) -> None:
+    """Make a stage-3 config whose base is whole a stage-``stage`` one (its stage-3 knobs
+    dropped)."""
     zero = cfg["zero_optimization"]
-    zero["stage"] = 2
+    zero["stage"] = stage
     for key in [k for k in zero if k.startswith("stage3_") or k == "sub_group_size"]:
         del zero[key]
 

@@ -51,8 +51,8 @@ def check_layout(engine: Any, path: str, tag: str) -> None:
     if saved != stage:
         lora = (
             f" and, for LoRA under ZeRO-3, strategy_config.zero3_adapter_stage: {saved} (a whole "
-            "frozen base trains its adapter at stage 2 by default)"
-            if saved in (2, 3)
+            "frozen base trains its adapter at stage 1 by default, 2 before)"
+            if saved in (1, 2, 3)
             else ""
         )
         raise ValueError(

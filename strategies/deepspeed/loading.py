@@ -6,8 +6,8 @@ Under ZeRO-3 a LoRA model's frozen base is either partitioned with the rest (bui
 or, with ``zero3_frozen_base`` resolved to ``whole`` (``roll_ds.config.deepspeed``; ``auto`` does
 so when the base fits a quarter of a rank's memory), loaded whole on every rank and kept out of
 ZeRO-3 (``roll_ds.models.frozen_base``): only the adapter is left to ZeRO, whose built config
-then says stage 2 (gradients and optimizer states partitioned), or 3 with
-``zero3_adapter_stage: 3`` (the adapter's weights partitioned too)."""
+then says stage 1 (optimizer states partitioned; 2 with the optimizer offloaded: gradients
+too), or 3 with ``zero3_adapter_stage: 3`` (the adapter's weights partitioned too)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,9 @@ def build_train_ds_config(
             if model_args.lora_rank is not None
             else None,
             rank_memory_bytes=rank_memory_bytes(),
+            trainable_numel=adapter_numel(hf_config, model_args)
+            if model_args.lora_rank is not None
+            else None,
         ),
     )
     if (cfg.get("fp16") or {}).get("enabled") and not current_platform().is_cuda:
@@ -137,6 +140,28 @@ def model_bytes(hf_config: Any, dtype: str) -> int | None:
         return None
     numel = sum(p.numel() for p in model.parameters())  # a tied weight counted once
     return numel * torch.empty((), dtype=torch_dtype(dtype)).element_size()
+
+
+def adapter_numel(hf_config: Any, model_args: ModelArgs) -> int | None:
+    """Parameters of the LoRA adapter ``model_args`` asks for on ``hf_config``'s causal LM
+    (built on the meta device); None when it cannot be built."""
+    from transformers import AutoModelForCausalLM
+
+    from roll_ds.models.loading import apply_lora
+
+    try:
+        with torch.device("meta"):
+            model = apply_lora(
+                AutoModelForCausalLM.from_config(hf_config),
+                rank=model_args.lora_rank,
+                alpha=model_args.lora_alpha,
+                dropout=model_args.lora_dropout,
+                target=model_args.lora_target,
+            )
+    except Exception as exc:  # as model_bytes; also a target peft cannot match
+        logger.warning("adapter size unknown (%s): reduce buckets stay hidden x hidden", exc)
+        return None
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def local_rank() -> int:

@@ -107,18 +107,43 @@ def built(cfg: dict, **kw) -> dict:
     return build_deepspeed_config(cfg, inputs(**kw))
 
 
-def lowered(cfg: dict) -> bool:
-    """A stage-3 config built to run at stage 2."""
-    return cfg.get(ADAPTER_STAGE_KEY) == 2 and zero_stage(cfg) == 2
+def lowered(cfg: dict, stage: int = 1) -> bool:
+    """A stage-3 config built to run at ``stage``."""
+    return cfg.get(ADAPTER_STAGE_KEY) == stage and zero_stage(cfg) == stage
 
 
-def test_auto_trains_the_adapter_at_stage_2_once_the_base_is_whole():
+def test_auto_trains_the_adapter_at_stage_1_once_the_base_is_whole():
     cfg = built(preset("deepspeed_zero3"))
-    assert cfg[FROZEN_BASE_KEY] == "whole" and cfg[ADAPTER_STAGE_KEY] == 2
-    assert zero_stage(cfg) == 2 and lowered(cfg) and frozen_base_whole(cfg)
+    assert cfg[FROZEN_BASE_KEY] == "whole" and cfg[ADAPTER_STAGE_KEY] == 1
+    assert zero_stage(cfg) == 1 and lowered(cfg) and frozen_base_whole(cfg)
     zero = cfg["zero_optimization"]
     assert not [k for k in zero if k.startswith("stage3_")] and "sub_group_size" not in zero
-    assert zero["reduce_bucket_size"] == 512 * 512  # the stage-2 knobs stay filled
+    assert zero["reduce_bucket_size"] == 512 * 512  # adapter size unknown: hidden x hidden
+
+
+def test_auto_trains_the_adapter_at_stage_2_when_the_optimizer_is_offloaded():
+    cfg = preset("deepspeed_zero3")
+    cfg["zero_optimization"] = {
+        **cfg["zero_optimization"],
+        "offload_optimizer": {"device": "cpu", "pin_memory": False},
+    }
+    built_cfg = built(cfg)
+    assert frozen_base_whole(built_cfg) and lowered(built_cfg, stage=2)
+    explicit = {**cfg, ADAPTER_STAGE_KEY: 1}
+    [problem] = check_deepspeed_config(explicit, "actor_train.cfg")
+    assert problem.startswith("actor_train.cfg.zero3_adapter_stage: 1 cannot offload")
+    assert "zero3_adapter_stage: auto or 2" in problem
+
+
+@pytest.mark.parametrize(
+    ("trainable", "bucket"),
+    [(None, 512 * 512), (10_000, 512 * 512), (900_000, 900_000), (10**9, 500_000_000)],
+)
+def test_with_lora_an_auto_reduce_bucket_holds_the_whole_adapter(trainable, bucket):
+    cfg = built(preset("deepspeed_zero3"), trainable_numel=trainable)
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == bucket
+    full = built(preset("deepspeed_zero3"), lora=False, trainable_numel=trainable)
+    assert full["zero_optimization"]["reduce_bucket_size"] == 512 * 512
 
 
 def test_a_partitioned_base_keeps_the_adapter_at_stage_3():
@@ -134,6 +159,7 @@ def test_a_partitioned_base_keeps_the_adapter_at_stage_3():
 def test_adapter_stage_3_keeps_the_zero3_engine_with_the_base_whole():
     cfg = built(preset("deepspeed_zero3", **{ADAPTER_STAGE_KEY: 3}))
     assert frozen_base_whole(cfg) and zero_stage(cfg) == 3 and not lowered(cfg)
+    assert lowered(built(preset("deepspeed_zero3", **{ADAPTER_STAGE_KEY: 2})), stage=2)
     assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 10 * 512
 
 
@@ -145,12 +171,16 @@ def test_adapter_stage_key_is_dropped_below_stage_3():
 @pytest.mark.parametrize(
     ("top", "message"),
     [
-        ({ADAPTER_STAGE_KEY: 1}, "zero3_adapter_stage: 1 is not one of auto, 2, 3"),
-        ({ADAPTER_STAGE_KEY: True}, "zero3_adapter_stage: True is not one of auto, 2, 3"),
+        ({ADAPTER_STAGE_KEY: 4}, "zero3_adapter_stage: 4 is not one of auto, 1, 2, 3"),
+        ({ADAPTER_STAGE_KEY: True}, "zero3_adapter_stage: True is not one of auto, 1, 2, 3"),
         (
             {ADAPTER_STAGE_KEY: 2, FROZEN_BASE_KEY: "partitioned"},
             "zero3_adapter_stage: 2 needs the frozen base whole, but zero3_frozen_base is "
             "partitioned",
+        ),
+        (
+            {ADAPTER_STAGE_KEY: 1, FROZEN_BASE_KEY: "partitioned"},
+            "zero3_adapter_stage: 1 needs the frozen base whole",
         ),
     ],
 )
