@@ -40,12 +40,21 @@ pure-Python sympy work and also CPython's own long loops (a big-integer power su
 
 A failure or timeout scores ``incorrect_score`` and is recorded in the sample's info
 (``timed_out`` / ``error``); nothing is raised.
+
+Repeated answers
+----------------
+The samples of a GRPO group often give the same response (a small model's bare answers nearly
+always do). A verdict depends only on the response, the gold answers and the verify options, so
+completed verdicts (not timed out, no error) are kept in an LRU of ``cache_size`` entries, and a
+response seen before with the same gold is not verified again, nor sent to a worker; within a
+batch each distinct (response, gold) pair is verified once. ``cache_size: 0`` turns it off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 
 from roll_ds.rewards.base import (
     GroundTruth,
@@ -91,6 +100,7 @@ class MathRuleReward(RewardFn):
         float_rounding: int = 6,
         numeric_precision: int = 15,
         strict: bool = True,
+        cache_size: int = 65536,
     ) -> None:
         super().__init__(correct_score, incorrect_score)
         if timeout_backend not in TIMEOUT_BACKENDS:
@@ -110,6 +120,10 @@ class MathRuleReward(RewardFn):
         )
         self._pool: WorkerPool | None = None
         self._warned_thread = False
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+        self.cache_size = cache_size
+        self._verdicts: OrderedDict[tuple[str, tuple[str, ...]], dict] = OrderedDict()
 
     @property
     def pool(self) -> WorkerPool:
@@ -145,16 +159,24 @@ class MathRuleReward(RewardFn):
             self.close()
 
     def score_batch(self, samples: list[RewardSample]) -> RewardOutput:
-        jobs = [
-            ("" if s.response is None else str(s.response), ground_truth_list(s.ground_truth))
+        keys = [
+            (
+                "" if s.response is None else str(s.response),
+                tuple(ground_truth_list(s.ground_truth)),
+            )
             for s in samples
         ]
-        backend = self._backend_now()
-        if backend == "process":
-            results = self.pool.run(jobs)
-        else:
-            timeout = self.timeout_s if backend == "signal" else None
-            results = [verify_with_alarm(r, g, self.opts, timeout) for r, g in jobs]
+        verdicts = {key: self._verdicts[key] for key in keys if key in self._verdicts}
+        for key in verdicts:
+            self._verdicts.move_to_end(key)
+        todo = list(dict.fromkeys(key for key in keys if key not in verdicts))
+        for key, result in zip(todo, self._verify([(r, list(g)) for r, g in todo]), strict=True):
+            verdicts[key] = result
+            if self.cache_size and not result["timed_out"] and result["error"] is None:
+                self._verdicts[key] = result
+                if len(self._verdicts) > self.cache_size:
+                    self._verdicts.popitem(last=False)
+        results = [verdicts[key] for key in keys]
         scores, infos = [], []
         for res in results:
             correct = bool(res["correct"]) and not res["timed_out"]
@@ -168,6 +190,16 @@ class MathRuleReward(RewardFn):
                 }
             )
         return RewardOutput(scores, infos)
+
+    def _verify(self, jobs: list[tuple[str, list[str]]]) -> list[dict]:
+        """math-verify's verdict on each (response, gold answers) job, under the timeout."""
+        if not jobs:
+            return []
+        backend = self._backend_now()
+        if backend == "process":
+            return self.pool.run(jobs)
+        timeout = self.timeout_s if backend == "signal" else None
+        return [verify_with_alarm(r, g, self.opts, timeout) for r, g in jobs]
 
     def score_one(
         self, response: str, ground_truth: GroundTruth, prompt: str = ""

@@ -194,8 +194,8 @@ def test_works_outside_the_main_thread(backend):
 def test_throughput_on_1000_simple_answers(math_rule, capsys):
     rng = random.Random(0)
     samples = []
-    for i in range(1000):
-        a, b = rng.randint(1, 99), rng.randint(1, 99)
+    for i in range(1000):  # 1000 distinct (answer, gold) pairs: none is remembered
+        a, b = rng.randint(1, 99), 1000 * (i + 1)
         answer = a + b if i % 4 else a + b + 1
         samples.append((str(answer), str(a + b), f"{a}+{b}="))
     start = time.perf_counter()
@@ -207,3 +207,41 @@ def test_throughput_on_1000_simple_answers(math_rule, capsys):
     with capsys.disabled():
         print(f"\nmath_rule throughput: {rate:.0f} verifications/s (1000 answers, 1 worker)")
     assert rate > 20  # loose: CI machines are slow and shared
+
+
+def _counting(fn: MathRuleReward, monkeypatch) -> list[int]:
+    """How many jobs each of ``fn``'s verify rounds was given."""
+    calls: list[int] = []
+    verify = fn._verify
+    monkeypatch.setattr(fn, "_verify", lambda jobs: calls.append(len(jobs)) or verify(jobs))
+    return calls
+
+
+def test_repeated_answers_are_verified_once_with_the_same_verdicts(monkeypatch):
+    batch = [
+        ("12", "12"),
+        ("12", "12"),
+        ("13", "12"),
+        (r"\frac{1}{2}", "0.5"),
+        ("12", ["11", "12"]),  # another gold: another verdict
+        ("no answer", "12"),
+    ]
+    with MathRuleReward(timeout_backend="signal") as fn, MathRuleReward(cache_size=0) as plain:
+        calls = _counting(fn, monkeypatch)
+        first, again, want = fn(batch), fn(batch), plain(batch)
+    assert first.scores == again.scores == want.scores == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    assert first.infos == again.infos == want.infos
+    assert calls == [5, 0]  # five distinct pairs, then none
+
+
+def test_timeouts_are_not_remembered_and_the_cache_is_bounded(monkeypatch):
+    with MathRuleReward(timeout_backend="signal", timeout_s=0.3, cache_size=1) as fn:
+        calls = _counting(fn, monkeypatch)
+        assert fn([(SLOW_PY, "12")]).infos[0]["timed_out"]
+        assert fn([(SLOW_PY, "12")]).infos[0]["timed_out"]  # verified again
+        fn([("1", "1")])
+        fn([("2", "2")])  # pushes ("1", "1") out
+        fn([("1", "1"), ("2", "2")])
+    assert calls == [1, 1, 1, 1, 1]
+    with pytest.raises(ValueError, match="cache_size"):
+        MathRuleReward(cache_size=-1)
