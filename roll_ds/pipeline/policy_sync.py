@@ -7,6 +7,11 @@ each sync compares the engines' log-probs with the trainer's on a few train prom
 ``async_generation.mode=stream`` the engines' request streams are paused for the transfer and
 resumed with the new version's label (``strategies/vllm/stream.py``); the parity probe then
 runs beside the requests in flight.
+
+A sync the step's rollout follows at once (``sync(..., defer_parity=True)``: the synchronous
+loop, engines not colocated) leaves the engines' side of the probe to the rollout's generate
+call: the trainer scores the probe beside the generation, the engines in the same engine steps as
+the rollout, and the rollout phase calls ``finish_parity`` before anything trains on it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class PolicySync:
         self.last_parity: float | None = None  # max |delta| of the latest parity probe
         self.transport: Any = None  # built once, on the first sync
         self.parity_probe: Any = None
+        self.pending: Any = None  # a DeferredParity the next generate call completes
 
     @property
     def streaming(self) -> bool:
@@ -55,18 +61,28 @@ class PolicySync:
     def actor_infer(self) -> Any:
         return self.clusters["actor_infer"]
 
-    def sync(self, policy_version: int) -> dict[str, float]:
+    def sync(self, policy_version: int, *, defer_parity: bool = False) -> dict[str, float]:
         """Gather the policy's full weights from the ZeRO shards into every rollout engine (one
         reload each, prefix cache dropped), then check parity. Returns ``sync/*`` metrics:
         seconds, bytes, gbps, ... and ``sync/parity_max_abs_diff`` / ``_mean_abs_diff``; empty
-        when the engines already serve the trainer's version."""
+        when the engines already serve the trainer's version. ``defer_parity`` (not
+        colocated): the parity metrics come from ``finish_parity`` instead (module doc)."""
         if self.rollout_version == policy_version and not self.colocation.needs_sync:
             return {}
-        metrics = self._transfer(policy_version)
+        metrics = self._transfer(policy_version, defer_parity)
         self.rollout_version = policy_version
         return metrics
 
-    def _transfer(self, policy_version: int) -> dict[str, float]:
+    def finish_parity(self, rollout_BT_per_worker: list[Any]) -> dict[str, float]:
+        """Complete the deferred parity check with the engines' probe log-probs (one tensor per
+        rollout worker, from their generate call); raises ``WeightSyncParityError`` above the
+        bound."""
+        pending, self.pending = self.pending, None
+        metrics = pending.finish(rollout_BT_per_worker)
+        self.last_parity = metrics["sync/parity_max_abs_diff"]
+        return metrics
+
+    def _transfer(self, policy_version: int, defer_parity: bool = False) -> dict[str, float]:
         from roll_ds.weight_sync.select import build_transport
 
         ws = self.cfg.weight_sync
@@ -88,15 +104,25 @@ class PolicySync:
             metrics["sync/pause_s"] = paused_s
         self.colocation.synced(policy_version)
         self.last_parity = None
+        self.pending = None  # a probe of the weights just replaced is moot
         if ws.parity_check:
-            metrics.update(self._parity(metrics, policy_version))
-            self.last_parity = metrics["sync/parity_max_abs_diff"]
+            checked = self._parity(metrics, policy_version, defer_parity)
+            metrics.update(checked)
+            self.last_parity = checked.get("sync/parity_max_abs_diff")
         return metrics
 
-    def _parity(self, sync_metrics: dict[str, float], policy_version: int) -> dict[str, float]:
+    def _parity(
+        self, sync_metrics: dict[str, float], policy_version: int, defer: bool
+    ) -> dict[str, float]:
         """vLLM's vs the trainer's log-probs on the first ``parity_probe_size`` train prompts;
-        a gap above ``weight_sync.parity_max_abs_diff`` (default: by dtype) stops the run."""
-        from roll_ds.weight_sync.parity import check_parity, default_max_abs_diff, probe_batch
+        a gap above ``weight_sync.parity_max_abs_diff`` (default: by dtype) stops the run.
+        ``defer``: started here, completed by ``finish_parity`` (no metrics yet)."""
+        from roll_ds.weight_sync.parity import (
+            check_parity,
+            default_max_abs_diff,
+            defer_parity,
+            probe_batch,
+        )
 
         ws, cfg = self.cfg.weight_sync, self.cfg
         if self.parity_probe is None:
@@ -110,6 +136,11 @@ class PolicySync:
             f"{int(sync_metrics.get('sync/num_tensors', 0))} tensors, trainer "
             f"{dtypes[0]} -> {self.actor_infer.name} {dtypes[1]}"
         )
+        if defer and not self.colocation.active:
+            self.pending = defer_parity(
+                self.actor_train, self.actor_infer, self.parity_probe, max_abs_diff=bound, what=what
+            )
+            return {}
         if self.colocation.active:  # the trainer scores, leaves the GPU, then the engines do
             return colocated_parity(
                 self.actor_train,

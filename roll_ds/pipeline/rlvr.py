@@ -163,6 +163,7 @@ class RLVRPipeline:
         )
         pad_id = pad_token_id(self.tokenizer)
         self.policy_sync = PolicySync(cfg, self.clusters, self.colocation, self.train_rows, pad_id)
+        self.rollouts.parity = self.policy_sync
         if eval_only:  # no trainer to sync from: the engines serve the policy under evaluation
             self.policy_sync.rollout_version = self.policy_version
 
@@ -235,7 +236,7 @@ class RLVRPipeline:
         decode steps of the requests in flight (``mode: stream``)."""
         timings: dict[str, float] = {}
         with timed(timings, "sync"):
-            sync_metrics = self.sync_weights()
+            sync_metrics = self.sync_weights(defer_parity=self.defers_parity)
         sync_metrics = {**self._unreported_sync, **sync_metrics}
         self._unreported_sync = {}
         with timed(timings, "rollout"):
@@ -269,10 +270,22 @@ class RLVRPipeline:
 
     # --- phases ----------------------------------------------------------------------------
 
-    def sync_weights(self) -> dict[str, float]:
+    @property
+    def defers_parity(self) -> bool:
+        """Whether the step's sync leaves the engines' side of the parity probe to the rollout's
+        generate call (``policy_sync``): the synchronous loop on vLLM engines, not colocated."""
+        return (
+            self.queue is None
+            and isinstance(self.rollouts, RolloutPhase)
+            and self.cfg.actor_infer.strategy_args.strategy_name == "vllm"
+            and not self.colocation.active
+        )
+
+    def sync_weights(self, *, defer_parity: bool = False) -> dict[str, float]:
         """The trainer's policy into the rollout engines, then the parity probe (``sync/*``
-        metrics; empty when the engines already serve the trainer's version)."""
-        return self.policy_sync.sync(self.policy_version)
+        metrics; empty when the engines already serve the trainer's version). ``defer_parity``:
+        the probe's metrics come with the rollout (``PolicySync.finish_parity``)."""
+        return self.policy_sync.sync(self.policy_version, defer_parity=defer_parity)
 
     def logprobs(self, batch: Batch, staleness: float) -> dict[str, float]:
         """Fill ``old_logprobs``, ``ref_logprobs`` (kl_coef > 0) and the critic's ``values``."""

@@ -31,6 +31,7 @@ from roll_ds.pipeline.rollout import (
 from roll_ds.pipeline.rollout_queue import InFlight, RolloutQueue
 from roll_ds.pipeline.seeds import step_seed
 from roll_ds.pipeline.sequences import pack_samples, pad_token_id
+from roll_ds.pipeline.workers import PROBE_META
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class RolloutPhase:
     routes: Mapping[str, str]
     train_rows: list[dict]
     queue: RolloutQueue | None = None
+    # The sync phase (PolicySync): a parity probe it deferred rides on the next generate call.
+    parity: Any = None
     _row_index: dict[int, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -130,7 +133,7 @@ class RolloutPhase:
         else:
             prompts = self.sampler.next_batch(cfg.rollout_batch_size)
             seed = step_seed(cfg.seed, step, round_)
-            samples = self.generate(prompts, seed=seed, policy_version=policy_version)
+            samples = self.generate(prompts, seed=seed, policy_version=policy_version, stats=stats)
             drawn = len(prompts)
         generated = time.perf_counter()
         self.score(samples)
@@ -163,8 +166,24 @@ class RolloutPhase:
             packed.tensors["loss_mask"][len(packed) - padding :] = 0.0
         return packed, stats
 
-    def generate(self, prompts: list[dict], *, seed: int, policy_version: int) -> Batch:
-        out = self._submit_generation(prompts, seed, policy_version).get()
+    def generate(
+        self,
+        prompts: list[dict],
+        *,
+        seed: int,
+        policy_version: int,
+        stats: dict[str, float] | None = None,
+    ) -> Batch:
+        """``n`` samples per prompt. A parity probe the sync deferred is scored by the engines
+        in the same call and checked here (its ``sync/parity_*`` metrics go to ``stats``)."""
+        pending = self.parity.pending if self.parity is not None else None
+        probe = None if pending is None else pending.probe
+        out = self._submit_generation(prompts, seed, policy_version, probe=probe).get()
+        if pending is not None:
+            ranks = sorted(int(k.split("/")[1]) for k in out.meta if k.startswith(PROBE_META))
+            checked = self.parity.finish_parity([out.meta[f"{PROBE_META}{r}"] for r in ranks])
+            if stats is not None:
+                stats.update(checked)
         return join_samples(prompts, out, self.tokenizer)
 
     def _submit_step(self, step: int, policy_version: int, rollout_version: int | None) -> InFlight:
@@ -181,11 +200,17 @@ class RolloutPhase:
         )
 
     def _submit_generation(
-        self, prompts: list[dict], seed: int, policy_version: int, tag: str | None = None
+        self,
+        prompts: list[dict],
+        seed: int,
+        policy_version: int,
+        tag: str | None = None,
+        probe: dict | None = None,
     ) -> Any:
         """Start ``n`` samples per prompt on the rollout engines; a pending call (``.get()``
         waits for the samples). A ``tag``ged batch under ``async_generation.mode=stream``
-        joins the engines' request streams instead of queueing behind the batches there."""
+        joins the engines' request streams instead of queueing behind the batches there.
+        ``probe``: every engine also scores these parity-probe rows (``RolloutWorker.generate``)."""
         self.colocation.enter(GENERATE, policy_version)
         prompt_batch = Batch(
             non_tensors={
@@ -195,6 +220,8 @@ class RolloutPhase:
         )
         infer = self.clusters["actor_infer"]
         if tag is None or self.cfg.async_generation.mode != "stream":
+            if probe is not None:
+                return infer.submit("generate", prompt_batch, seed=seed, probe=probe)
             return infer.submit("generate", prompt_batch, seed=seed)
         infer.call("submit_stream", prompt_batch, tag=tag, seed=seed)
         return StreamedBatch(infer, tag)

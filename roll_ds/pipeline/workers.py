@@ -16,6 +16,7 @@ from roll_ds.strategy import STRATEGIES, StrategyContext
 from roll_ds.weight_sync.worker import ReceiverWorkerMixin, SenderWorkerMixin
 
 TRAIN_METRICS = "train_metrics/"  # meta key prefix of a rank's train metrics
+PROBE_META = "probe_logprobs/"  # meta key prefix of a rollout rank's parity-probe log-probs
 
 
 class StrategyWorker(Worker):
@@ -128,21 +129,33 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
         self._stream_rows: dict[str, int] = {}  # streamed batch tag -> its first prompt's row
 
     @register(Dispatch.DP)
-    def generate(self, batch: Batch, *, seed: int, **sampling: Any) -> Batch:
-        """``n`` samples per prompt (``prompt_ids`` column); rows come back grouped by prompt."""
+    def generate(
+        self, batch: Batch, *, seed: int, probe: dict | None = None, **sampling: Any
+    ) -> Batch:
+        """``n`` samples per prompt (``prompt_ids`` column); rows come back grouped by prompt.
+        ``probe`` (``input_ids`` / ``attention_mask``, the whole probe on every rank): its
+        log-probs for the weight-sync parity check, scored in the same engine steps, come back
+        as meta ``probe_logprobs/<rank>``."""
         prompts = list(batch["prompt_ids"])
         # Each prompt is seeded by its index in the whole batch, so what it samples does not
         # depend on how the prompts were split over the rollout workers.
         first_row = int(batch["row"][0])
-        out = self.strategy.generate(prompts, seed=seed, first_prompt_index=first_row, **sampling)
+        extra = {} if probe is None else {"probe": probe}
+        out = self.strategy.generate(
+            prompts, seed=seed, first_prompt_index=first_row, **extra, **sampling
+        )
         rows = [first_row + i for i in out["prompt_index"]]
+        meta = {}
+        if probe is not None:
+            meta[f"{PROBE_META}{self.rank}"] = out["probe_logprobs_BT"].float().cpu()
         return Batch(
             non_tensors={
                 "row": rows,
                 "response_ids": out["response_ids"],
                 "rollout_logprobs": out["logprobs"],
                 "finish_reason": out["finish_reason"],
-            }
+            },
+            meta=meta,
         )
 
     # --- streaming generation (async_generation.mode: stream) ---------------------------------

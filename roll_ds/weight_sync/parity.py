@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from roll_ds.weight_sync.base import WeightSyncError
 
@@ -148,3 +149,49 @@ def check_parity(
     )
     metrics["sync/parity_seconds"] = time.perf_counter() - start
     return metrics
+
+
+@dataclass
+class DeferredParity:
+    """A parity check whose rollout side comes with the engines' next generate call: the
+    trainer's probe call (``defer_parity``) runs beside the generation, the engines score the
+    probe in the same engine steps as the rollout (``generate(..., probe=)``), and ``finish``
+    compares. Saves the separate probe pass and its round trip after every sync."""
+
+    probe: dict[str, torch.Tensor]
+    trainer_call: Any  # the pending compute_logprobs call
+    max_abs_diff: float | None
+    role: str
+    what: str
+
+    def finish(self, rollout_BT_per_worker: Sequence[torch.Tensor]) -> dict[str, float]:
+        """``compare`` on the engines' probe log-probs; ``sync/parity_seconds`` is the wait for
+        the trainer's side after the generation."""
+        start = time.perf_counter()
+        trainer_BT = self.trainer_call.get()["logprobs"]
+        metrics = compare(
+            trainer_BT,
+            rollout_BT_per_worker,
+            self.probe["attention_mask"],
+            max_abs_diff=self.max_abs_diff,
+            role=self.role,
+            what=self.what,
+        )
+        metrics["sync/parity_seconds"] = time.perf_counter() - start
+        return metrics
+
+
+def defer_parity(
+    train: Cluster,
+    infer: Cluster,
+    probe: dict[str, torch.Tensor],
+    *,
+    max_abs_diff: float | None,
+    what: str = "",
+) -> DeferredParity:
+    """Start the trainer's side of ``check_parity`` and leave the engines' to their next
+    generate call (``DeferredParity``)."""
+    from roll_ds.distributed.batch import Batch
+
+    call = train.submit("compute_logprobs", Batch(dict(probe)), key="logprobs", temperature=1.0)
+    return DeferredParity(dict(probe), call, max_abs_diff, infer.name, what)

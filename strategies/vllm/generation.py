@@ -29,6 +29,7 @@ pass a new seed every step (for instance ``base_seed + step``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from roll_ds.config.schema import GeneratingArgs
@@ -120,17 +121,32 @@ class GenerationMixin:
         requests = [{"prompt_token_ids": list(p)} for p in _check_prompts(prompts)]
         return requests, params, n
 
-    def generate(self, prompts: list[list[int]], **kwargs: Any) -> dict[str, list[Any]]:
+    def generate(
+        self, prompts: list[list[int]], *, probe: dict | None = None, **kwargs: Any
+    ) -> dict[str, list[Any]]:
         """``n`` samples for each prompt (token ids); see ``parse_request_outputs`` for the
         result and ``_requests`` for the arguments. With the request stream started
-        (``submit``), the batch joins the requests in flight there."""
+        (``submit``), the batch joins the requests in flight there. ``probe``
+        (``input_ids`` / ``attention_mask``): its rows' prompt log-probs are scored in the
+        same ``generate`` call (``probe_logprobs_BT``, as ``compute_logprobs`` gives them)."""
         requests, params, n = self._requests(prompts, **kwargs)
         if self._stream is not None:
+            if probe is not None:
+                raise ValueError("a parity probe rides on generate only without a request stream")
             return parse_request_outputs(self._stream_call(requests, params), n)
+        scoring = None if probe is None else _PromptScoring.of(probe)
+        if scoring is not None:  # the probe's prefills join the rollout's engine steps
+            requests = requests + scoring.requests
+            params = params + [scoring.params.clone() for _ in scoring.requests]
         outputs = self.llm.generate(
             requests, params, lora_request=self._lora_request, use_tqdm=False
         )
-        return parse_request_outputs(outputs, n)
+        if scoring is None:
+            return parse_request_outputs(outputs, n)
+        split = len(outputs) - len(scoring.requests)
+        result = parse_request_outputs(outputs[:split], n)
+        result["probe_logprobs_BT"] = scoring.logprobs_BT(outputs[split:])
+        return result
 
     # -----------------------------------------------------------------------------------------
     # streaming generation (async_generation.mode: stream; strategies/vllm/stream.py)
@@ -191,30 +207,61 @@ class GenerationMixin:
         """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, 0 at padding) from vLLM's prompt
         log-probs, one prefill per row. Entropy needs the full distribution per position,
         which vLLM only returns as a Python dict per token: not offered (use hf_infer)."""
-        import torch
-        from vllm import SamplingParams
-
         if with_entropy:
             raise NotImplementedError(
                 "the vllm strategy does not compute entropy; use hf_infer or deepspeed_* for it"
             )
         self._require_awake()
-        rows = unpadded_rows(input_ids_BT, attention_mask_BT)
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        scored = [i for i, r in enumerate(rows) if len(r) >= 2]
-        requests = [{"prompt_token_ids": rows[i]} for i in scored]
+        scoring = _PromptScoring.of(
+            {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT}
+        )
         if self._stream is not None:
-            outputs = self._stream_call(requests, [params.clone() for _ in scored])
+            outputs = self._stream_call(
+                scoring.requests, [scoring.params.clone() for _ in scoring.requests]
+            )
         else:
             outputs = self.llm.generate(
-                requests, params, lora_request=self._lora_request, use_tqdm=False
+                scoring.requests, scoring.params, lora_request=self._lora_request, use_tqdm=False
             )
-        logprobs_BT = torch.zeros(input_ids_BT.shape[0], input_ids_BT.shape[1] - 1)
-        for b, out in zip(scored, outputs, strict=True):
-            values = sampled_logprobs(rows[b][1:], out.prompt_logprobs[1:])  # [0] is None
-            first = int(attention_mask_BT[b].nonzero()[0])
+        return {"logprobs_BT": scoring.logprobs_BT(outputs)}
+
+
+@dataclass(frozen=True)
+class _PromptScoring:
+    """vLLM requests that score padded rows' prompt tokens (one prefill each, ``max_tokens=1``)
+    and the ``[B, T-1]`` log-probs their outputs give (0 at padding and each row's first
+    token)."""
+
+    rows: list[list[int]]  # each row's real tokens
+    scored: list[int]  # rows with >= 2 tokens: the ones requested
+    attention_mask_BT: Any
+    requests: list[dict]
+    params: Any  # SamplingParams
+
+    @classmethod
+    def of(cls, batch: dict) -> _PromptScoring:
+        from vllm import SamplingParams
+
+        rows = unpadded_rows(batch["input_ids"], batch["attention_mask"])
+        scored = [i for i, r in enumerate(rows) if len(r) >= 2]
+        return cls(
+            rows=rows,
+            scored=scored,
+            attention_mask_BT=batch["attention_mask"],
+            requests=[{"prompt_token_ids": rows[i]} for i in scored],
+            params=SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+        )
+
+    def logprobs_BT(self, outputs: list[Any]) -> Any:
+        import torch
+
+        mask = self.attention_mask_BT
+        logprobs_BT = torch.zeros(mask.shape[0], mask.shape[1] - 1)
+        for b, out in zip(self.scored, outputs, strict=True):
+            values = sampled_logprobs(self.rows[b][1:], out.prompt_logprobs[1:])  # [0] is None
+            first = int(mask[b].nonzero()[0])
             logprobs_BT[b, first : first + len(values)] = torch.tensor(values)
-        return {"logprobs_BT": logprobs_BT}
+        return logprobs_BT
 
 
 def _check_prompts(prompts: list[list[int]]) -> list[list[int]]:

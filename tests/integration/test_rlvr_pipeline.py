@@ -131,3 +131,37 @@ def test_bad_data_fails_before_training_with_file_and_line(tmp_path: Path):
     assert f"{bad}:4: field 'ground_truth' must be a string" in err
     assert f"{bad}:5: missing field 'prompt'" in err
     assert "Traceback" not in err
+
+
+def test_a_sync_that_moved_nothing_is_caught_by_the_probe_riding_on_the_rollout(tmp_path):
+    """The synchronous loop defers the engines' side of the parity probe to the rollout's
+    generate call: a step whose sync moved nothing (the engines still serve the previous
+    weights) must stop at that rollout, before anything trains on it."""
+    from _pipeline_run import SMALL
+
+    from roll_ds.config import load_config
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+    from roll_ds.weight_sync.parity import WeightSyncParityError
+
+    cfg = load_config(
+        "rlvr_lora_zero3",
+        [
+            *SMALL,
+            f"output_dir={tmp_path}",
+            "eval_steps=0",
+            "save_steps=0",
+            "actor_train.training_args.learning_rate=0.05",  # a gap far above the bound
+        ],
+    )
+    pipeline = RLVRPipeline(cfg)
+    pipeline.start()
+    try:
+        assert pipeline.defers_parity
+        first = pipeline.train_one_step(0)
+        assert first["sync/parity_max_abs_diff"] < 1e-4  # from the rollout's generate call
+        pipeline.policy_sync.transport.sync = lambda train, infer: {}  # moves nothing
+        with pytest.raises(WeightSyncParityError, match="actor_infer rank 0"):
+            pipeline.train_one_step(1)
+        assert pipeline.policy_version == 1  # step 1 never trained
+    finally:
+        pipeline.shutdown()

@@ -111,6 +111,30 @@ def test_compute_logprobs_matches_hf_with_left_padding(engine, hf_model):
         engine.compute_logprobs(ids, mask, with_entropy=True)
 
 
+def test_a_probe_scored_with_a_rollout_equals_it_scored_alone(engine, hf_model):
+    """The weight-sync parity probe riding on a generate call (the synchronous loop's sync):
+    its log-probs equal ``compute_logprobs``' and HF's, and the rollout samples what it
+    samples without the probe."""
+    rows = [[5, 9, 11, 20, 33, 40, 2], [17, 3, 8]]
+    ids = torch.tensor([[5, 9, 11, 20, 33, 40, 2], [0, 0, 0, 0, 17, 3, 8]])
+    mask = (torch.arange(7) >= torch.tensor([[0], [4]])).long()
+    batch = prompts(3, 12)
+    alone = engine.generate(batch, n=4, max_new_tokens=8, seed=5, ignore_eos=True)
+    both = engine.generate(
+        batch, n=4, max_new_tokens=8, seed=5, ignore_eos=True,
+        probe={"input_ids": ids, "attention_mask": mask},
+    )  # fmt: skip
+    assert both["response_ids"] == alone["response_ids"]
+    gap = max(abs(a - b) for x, y in zip(both["logprobs"], alone["logprobs"], strict=True)
+              for a, b in zip(x, y, strict=True))  # fmt: skip
+    assert gap <= TOL
+    probe = both["probe_logprobs_BT"]
+    assert torch.allclose(probe, engine.compute_logprobs(ids, mask)["logprobs_BT"], atol=TOL)
+    for b, row in enumerate(rows):
+        ref = hf_sampled_logprobs(hf_model, row[:1], row[1:])
+        assert torch.allclose(probe[b, 7 - len(row) :], ref, atol=TOL, rtol=0)
+
+
 def test_load_weights_serves_the_new_weights(engine, hf_model):
     batch = prompts(3, 40, offset=2)  # > one KV block: exercised through the prefix cache
     original = {k: v.clone() for k, v in hf_model.state_dict().items()}
