@@ -132,21 +132,8 @@ def check_parity(
     from roll_ds.distributed.batch import Batch
 
     start = time.perf_counter()
-    batch = Batch(dict(probe))
-    # vLLM scores prompt tokens with the raw model distribution, whatever the sampling
-    # temperature, so the trainer's side is taken at temperature 1 too.
-    trainer = train.submit("compute_logprobs", batch, key="logprobs", temperature=1.0)
-    rollout = infer.submit("probe_logprobs", batch)
-    trainer_BT = trainer.get()["logprobs"]
-    rollout_BT = rollout.get()
-    metrics = compare(
-        trainer_BT,
-        rollout_BT,
-        probe["attention_mask"],
-        max_abs_diff=max_abs_diff,
-        role=infer.name,
-        what=what,
-    )
+    pending = defer_parity(train, infer, probe, max_abs_diff=max_abs_diff, what=what)
+    metrics = pending.finish(infer.submit("probe_logprobs", Batch(dict(probe))).get())
     metrics["sync/parity_seconds"] = time.perf_counter() - start
     return metrics
 
@@ -193,5 +180,7 @@ def defer_parity(
     generate call (``DeferredParity``)."""
     from roll_ds.distributed.batch import Batch
 
+    # vLLM scores prompt tokens with the raw model distribution, whatever the sampling
+    # temperature, so the trainer's side is taken at temperature 1 too.
     call = train.submit("compute_logprobs", Batch(dict(probe)), key="logprobs", temperature=1.0)
     return DeferredParity(dict(probe), call, max_abs_diff, infer.name, what)
