@@ -272,13 +272,13 @@ class RLVRPipeline:
 
     @property
     def defers_parity(self) -> bool:
-        """Whether the step's sync leaves the engines' side of the parity probe to the rollout's
-        generate call (``policy_sync``): the synchronous loop on vLLM engines, not colocated."""
+        """Whether the step's sync may leave the engines' side of the parity probe to the
+        rollout's generate call: the synchronous loop on vLLM engines (``PolicySync`` keeps it
+        where the roles are colocated)."""
         return (
             self.queue is None
             and isinstance(self.rollouts, RolloutPhase)
             and self.cfg.actor_infer.strategy_args.strategy_name == "vllm"
-            and not self.colocation.active
         )
 
     def sync_weights(self, *, defer_parity: bool = False) -> dict[str, float]:

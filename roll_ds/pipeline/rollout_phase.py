@@ -220,9 +220,7 @@ class RolloutPhase:
         )
         infer = self.clusters["actor_infer"]
         if tag is None or self.cfg.async_generation.mode != "stream":
-            if probe is not None:
-                return infer.submit("generate", prompt_batch, seed=seed, probe=probe)
-            return infer.submit("generate", prompt_batch, seed=seed)
+            return infer.submit("generate", prompt_batch, seed=seed, probe=probe)
         infer.call("submit_stream", prompt_batch, tag=tag, seed=seed)
         return StreamedBatch(infer, tag)
 

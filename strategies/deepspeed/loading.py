@@ -58,6 +58,8 @@ def build_train_ds_config(
     source = dict(strategy_config)
     if "optimizer" in source:  # DeepSpeed builds it; its "auto" params come from training_args
         source["optimizer"] = fill_optimizer_auto(source["optimizer"], training_args)
+    lora = model_args.lora_rank is not None
+    base_bytes, adapter = lora_sizes(hf_config, model_args) if lora else (None, None)
     cfg = build_deepspeed_config(
         source,
         DeepSpeedInputs(
@@ -67,14 +69,10 @@ def build_train_ds_config(
             max_grad_norm=training_args.max_grad_norm,
             dtype=model_args.dtype,
             hidden_size=getattr(hf_config, "hidden_size", None),
-            lora=model_args.lora_rank is not None,
-            frozen_base_bytes=model_bytes(hf_config, model_args.dtype)
-            if model_args.lora_rank is not None
-            else None,
+            lora=lora,
+            frozen_base_bytes=base_bytes,
             rank_memory_bytes=rank_memory_bytes(),
-            trainable_numel=adapter_numel(hf_config, model_args)
-            if model_args.lora_rank is not None
-            else None,
+            trainable_numel=adapter,
         ),
     )
     if (cfg.get("fp16") or {}).get("enabled") and not current_platform().is_cuda:
@@ -125,11 +123,13 @@ def load_train_model(
     return model
 
 
-def model_bytes(hf_config: Any, dtype: str) -> int | None:
-    """Bytes of the causal LM ``hf_config`` describes, at ``dtype`` (counted on the meta
-    device, nothing allocated); None when transformers cannot build it."""
+def lora_sizes(hf_config: Any, model_args: ModelArgs) -> tuple[int | None, int | None]:
+    """The bytes of ``hf_config``'s causal LM at ``model_args.dtype`` (the frozen base) and the
+    parameters of the LoRA adapter ``model_args`` asks for, counted on one meta-device build
+    (nothing allocated); None for what cannot be built."""
     from transformers import AutoModelForCausalLM
 
+    from roll_ds.models.loading import apply_lora
     from roll_ds.models.tensors import torch_dtype
 
     try:
@@ -137,31 +137,22 @@ def model_bytes(hf_config: Any, dtype: str) -> int | None:
             model = AutoModelForCausalLM.from_config(hf_config)
     except Exception as exc:  # an architecture without a causal-LM class, remote code, ...
         logger.warning("model size unknown (%s): the frozen base stays partitioned", exc)
-        return None
+        return None, None
     numel = sum(p.numel() for p in model.parameters())  # a tied weight counted once
-    return numel * torch.empty((), dtype=torch_dtype(dtype)).element_size()
-
-
-def adapter_numel(hf_config: Any, model_args: ModelArgs) -> int | None:
-    """Parameters of the LoRA adapter ``model_args`` asks for on ``hf_config``'s causal LM
-    (built on the meta device); None when it cannot be built."""
-    from transformers import AutoModelForCausalLM
-
-    from roll_ds.models.loading import apply_lora
-
+    base_bytes = numel * torch.empty((), dtype=torch_dtype(model_args.dtype)).element_size()
     try:
         with torch.device("meta"):
-            model = apply_lora(
-                AutoModelForCausalLM.from_config(hf_config),
+            peft_model = apply_lora(
+                model,
                 rank=model_args.lora_rank,
                 alpha=model_args.lora_alpha,
                 dropout=model_args.lora_dropout,
                 target=model_args.lora_target,
             )
-    except Exception as exc:  # as model_bytes; also a target peft cannot match
+    except Exception as exc:  # a target peft cannot match, ...
         logger.warning("adapter size unknown (%s): reduce buckets stay hidden x hidden", exc)
-        return None
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return base_bytes, None
+    return base_bytes, sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
 
 
 def local_rank() -> int:

@@ -313,38 +313,21 @@ def test_parity_error_names_the_sync_and_the_fix():
         )
 
 
-class _Done:
-    """A finished cluster call (``.get()`` returns ``value``)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def get(self):
-        return self.value
-
-
-class _Trainer:
-    name = "actor_train"
-
-    def __init__(self, logprobs):
-        self.calls = []
-        self.logprobs = logprobs
-
-    def submit(self, method, batch, **kwargs):
-        self.calls.append((method, kwargs))
-        return _Done({"logprobs": self.logprobs})
-
-
 def test_a_deferred_parity_check_scores_the_trainer_now_and_compares_later():
+    from types import SimpleNamespace
+
     from roll_ds.weight_sync.parity import defer_parity
 
-    class Infer:
-        name = "actor_infer"
+    calls = []
 
+    def submit(method, batch, **kwargs):
+        calls.append((method, kwargs))
+        return SimpleNamespace(get=lambda: {"logprobs": torch.zeros(1, 2)})
+
+    trainer, infer = SimpleNamespace(submit=submit), SimpleNamespace(name="actor_infer")
     probe = {"input_ids": torch.ones(1, 3, dtype=torch.long), "attention_mask": torch.ones(1, 3)}
-    trainer = _Trainer(torch.zeros(1, 2))
-    pending = defer_parity(trainer, Infer(), probe, max_abs_diff=1e-3, what="2 tensors")
-    assert trainer.calls == [("compute_logprobs", {"key": "logprobs", "temperature": 1.0})]
+    pending = defer_parity(trainer, infer, probe, max_abs_diff=1e-3, what="2 tensors")
+    assert calls == [("compute_logprobs", {"key": "logprobs", "temperature": 1.0})]
     metrics = pending.finish([torch.tensor([[0.0, 1e-4]])])
     assert metrics["sync/parity_max_abs_diff"] == pytest.approx(1e-4)
     with pytest.raises(WeightSyncParityError, match=r"actor_infer rank 0.*2 tensors"):
