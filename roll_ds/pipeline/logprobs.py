@@ -37,14 +37,13 @@ def reuse_rollout_logprobs(cfg: RLVRConfig, *, staleness: float, last_parity: fl
 def old_logprobs_in_train_step(cfg: RLVRConfig) -> bool:
     """Whether recomputed old log-probs can come from the train step: nothing reads them before
     it (no reference KL: ``kl_coef`` 0), one pass over the batch (``ppo_epochs`` 1: a later
-    pass needs them fixed), row-count micro-batches on ``deepspeed_train``, no LoRA dropout (a
-    train forward with dropout is not the old policy's; the strategy checks the model's own)."""
+    pass needs them fixed), on ``deepspeed_train``, no LoRA dropout (a train forward with
+    dropout is not the old policy's; the strategy checks the model's own)."""
     train = cfg.actor_train
     return (
         cfg.algorithm.kl_coef == 0
         and cfg.algorithm.ppo_epochs == 1
         and train.strategy_args.strategy_name == "deepspeed_train"
-        and train.max_tokens_per_micro_batch is None
         and not train.model_args.lora_dropout
     )
 

@@ -102,12 +102,12 @@ def train_passes(
     """``ppo_epochs`` passes of every training role in ``jobs`` (``{role: (columns, loss_fn)}``)
     over ``batch``, the roles side by side on the same row order; a role in ``balance``
     (``{role: rows per rank per optimizer step}``) gets it dealt by tokens (``balance_ranks``).
-    ``fill_old_logprobs`` (one pass, ``actor_train`` not balanced): the actor's train step
-    computes the batch's ``old_logprobs`` as it trains (``train_step_with_old_logprobs``) and
-    they are added to ``batch``. Metrics: ``actor_train``'s unprefixed (``grad_norm``, ``lr``,
+    ``fill_old_logprobs`` (one pass): the actor's train step computes the batch's
+    ``old_logprobs`` as it trains (``train_step_with_old_logprobs``) and they are added to
+    ``batch`` in its own row order. Metrics: ``actor_train``'s unprefixed (``grad_norm``, ``lr``,
     ...) as the loss names them, the critic's under ``critic/``."""
-    if fill_old_logprobs and (ppo_epochs != 1 or "actor_train" in (balance or {})):
-        raise ValueError("old log-probs come from the train step only in one unbalanced pass")
+    if fill_old_logprobs and ppo_epochs != 1:
+        raise ValueError("old log-probs come from the train step only in a single pass")
     parts = {
         name: batch.select(*[k for k in keys if k in batch], meta=False)
         for name, (keys, _) in jobs.items()
@@ -136,8 +136,10 @@ def train_passes(
         }
         for name, call in calls.items():
             result = call.get()
-            if isinstance(result, Batch):  # train_step_with_old_logprobs: rows in batch order
-                batch.tensors["old_logprobs"] = result["old_logprobs"]
+            if isinstance(result, Batch):  # train_step_with_old_logprobs: rows in pass order
+                old = torch.empty_like(result["old_logprobs"])
+                old[torch.as_tensor(orders[name])] = result["old_logprobs"]
+                batch.tensors["old_logprobs"] = old
                 result = [v for k, v in result.meta.items() if k.startswith(TRAIN_METRICS)]
             per_pass[name].append(_mean_dicts(result))
     metrics = merge_pass_metrics(per_pass["actor_train"])

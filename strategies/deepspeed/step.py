@@ -54,10 +54,11 @@ def token_micro_batches(
     packed: bool,
     world_size: int,
     device: torch.device,
-) -> tuple[list[dict[str, Any]], list[int]]:
+) -> tuple[list[dict[str, Any]], list[int], list[list[int]]]:
     """``batch`` as micro batches of about ``budget`` tokens each (``micro_batches``), each cut
-    to its own longest row, and the number of micro batches of each optimizer step (the same on
-    every rank: the busiest rank's, the others splitting their biggest micro batches)."""
+    to its own longest row; the number of micro batches of each optimizer step (the same on
+    every rank: the busiest rank's, the others splitting their biggest micro batches); and each
+    micro batch's rows of ``batch``."""
     size = _common.batch_size_of(batch)
     rows_per_step = micro * accum
     split_micro_batches(batch, micro=micro, accum=accum)  # the size check
@@ -71,7 +72,7 @@ def token_micro_batches(
     if dist.is_initialized() and world_size > 1 and len(plans):
         counts = counts.to(device)
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    chunks, steps = [], []
+    chunks, steps, rows = [], [], []
     for plan, count in zip(plans, counts.cpu().tolist(), strict=True):
         plan = match_count(plan, widths, count, packed=packed)
         if len(plan) != count:  # only when ranks hold different row counts per step
@@ -82,7 +83,8 @@ def token_micro_batches(
             )
         chunks += [select_rows(batch, g, width=max(widths[i] for i in g)) for g in plan]
         steps.append(count)
-    return chunks, steps
+        rows += plan
+    return chunks, steps, rows
 
 
 def mini_batch_norms(

@@ -8,7 +8,8 @@ Built from the role's composed ``strategy_config`` (a DeepSpeed JSON whose ``"au
 ``roll_ds.config.deepspeed.build_deepspeed_config`` fills from the training args). The class
 holds the engine and delegates each job to its module in this package: ``loading`` (seeds,
 DeepSpeed config, model), ``optimizer`` (AdamW, LR schedule, ``deepspeed.initialize``),
-``step`` (the pieces of a train step), ``export``, ``checkpoint`` and ``offload``.
+``step`` (the pieces of a train step), ``old_logprobs`` (a train step that fills in the
+batch's old log-probs), ``export``, ``checkpoint`` and ``offload``.
 
 Every public method is collective: all ranks of the data-parallel group call it together, with
 the same number of micro batches.
@@ -35,6 +36,7 @@ from roll_ds.strategy import StrategyContext
 from strategies import _common
 from strategies.deepspeed import checkpoint, export, offload
 from strategies.deepspeed.loading import build_train_ds_config, load_train_model, seed_everything
+from strategies.deepspeed.old_logprobs import OldLogprobs
 from strategies.deepspeed.optimizer import build_engine
 from strategies.deepspeed.start_bound import bounded_initialisation, start_timeout_s
 from strategies.deepspeed.step import (
@@ -221,20 +223,15 @@ class DeepSpeedTrainStrategy:
     ) -> tuple[dict[str, float], torch.Tensor]:
         """``train_step`` on a batch that has no ``old_logprobs`` yet, filling them as the
         separate log-prob pass would (the policy before this step's first update) with less
-        work: the rows of the first optimizer step take their train forward's own log-probs
-        (detached: no update has happened yet, so they are the old policy's), and only the later
-        steps' rows get a no-grad forward before training. Returns the metrics and
-        ``old_logprobs`` ``[B, T-1]`` of every row. Row-count micro batches only; the caller
-        keeps dropout off (a train forward with dropout is not the old policy's)."""
+        work: the rows of the first optimizer step take their train forward's own log-probs,
+        and only the later steps' rows get a no-grad forward before training
+        (``old_logprobs.OldLogprobs``). Returns the metrics and ``old_logprobs`` ``[B, T-1]`` of
+        every row. The caller keeps dropout off (a train forward with dropout is not the old
+        policy's; with dropout in the model every row gets the no-grad forward)."""
         self._require_head("lm", "train_step_with_old_logprobs")
-        if self.max_tokens_per_micro_batch is not None:
-            raise ValueError(
-                "train_step_with_old_logprobs needs row-count micro batches; with "
-                "max_tokens_per_micro_batch compute old_logprobs first (compute_logprobs)"
-            )
         metrics, old = self._train(batch, loss_fn, with_entropy=with_entropy, fill_old=True)
         assert old is not None
-        return metrics, old
+        return metrics, old.old_BT
 
     def _train(
         self,
@@ -243,20 +240,23 @@ class DeepSpeedTrainStrategy:
         *,
         with_entropy: bool,
         fill_old: bool,
-    ) -> tuple[dict[str, float], torch.Tensor | None]:
+    ) -> tuple[dict[str, float], OldLogprobs | None]:
         micro = self.training_args.per_device_train_batch_size
         accum = self.training_args.gradient_accumulation_steps
         budget = self.max_tokens_per_micro_batch
-        # with dropout every row gets the no-grad forward (a train forward is not the old one)
-        own_rows = micro * accum if fill_old and self._dropout_free else 0
-        old = self._old_logprobs_after_first_step(batch, own_rows) if fill_old else None
-        if old is not None:
-            batch = {**batch, "old_logprobs": old}
+        old = None
+        if fill_old:
+            own_rows = micro * accum if self._dropout_free else 0
+            old = OldLogprobs.before_training(self.compute_logprobs, batch, own_rows=own_rows)
+            batch = {**batch, "old_logprobs": old.old_BT}
         if budget is None:
             chunks = split_micro_batches(batch, micro=micro, accum=accum)
             steps = [accum] * (len(chunks) // accum)
+            rows = [
+                list(range(a, b)) for a, b in _common.iter_chunks(len(batch["input_ids"]), micro)
+            ]
         else:
-            chunks, steps = token_micro_batches(
+            chunks, steps, rows = token_micro_batches(
                 batch,
                 budget=budget,
                 micro=micro,
@@ -270,46 +270,30 @@ class DeepSpeedTrainStrategy:
             chunks, loss_fn, steps=steps, world_size=self.world_size, device=self.device
         )
         tally = StepTally()
-        chunk_iter = iter(chunks)
+        micro_batches = iter(zip(chunks, rows, strict=True))
         try:
             for k, n in enumerate(steps):
                 kwargs = {"norm": norms[k]} if norms is not None else {}
                 for j in range(n):
-                    mb = _common.to_device(next(chunk_iter), self.device)
-                    # row-count micro batches: DeepSpeed's own micro-step counter decides
-                    at_boundary = None if budget is None else j == n - 1
+                    chunk, chunk_rows = next(micro_batches)
                     own = self._train_micro_batch(
-                        mb,
+                        _common.to_device(chunk, self.device),
                         loss_fn,
                         kwargs,
                         with_entropy,
                         tally,
-                        at_boundary=at_boundary,
+                        # row-count micro batches: DeepSpeed's own micro-step counter decides
+                        at_boundary=None if budget is None else j == n - 1,
                         count=n,
-                        old_from_forward=own_rows > 0 and k == 0,
+                        old_from_forward=old is not None and old.from_forward(chunk_rows),
                     )
-                    if own is not None:  # the first optimizer step's rows, in chunk order
+                    if own is not None:
                         assert old is not None
-                        old[j * micro : j * micro + own.shape[0]] = own.cpu()
+                        old.put(chunk_rows, own)
         finally:
             if budget is not None:
                 self.engine.set_gradient_accumulation_boundary(None)
         return tally.result(len(chunks)), old
-
-    def _old_logprobs_after_first_step(
-        self, batch: Mapping[str, torch.Tensor], first_rows: int
-    ) -> torch.Tensor:
-        """``[B, T-1]`` old log-probs: those of the rows after the first optimizer step's
-        ``first_rows`` from a no-grad forward before any update, zeros for the first rows (their
-        train forward fills them). Every rank holds as many rows, so under ZeRO-3 every rank
-        joins as many forwards."""
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        old = torch.zeros(ids.shape[0], max(0, ids.shape[1] - 1), dtype=torch.float32)
-        if ids.shape[0] > first_rows:
-            old[first_rows:] = self.compute_logprobs(ids[first_rows:], mask[first_rows:])[
-                "logprobs_BT"
-            ]
-        return old
 
     def _train_micro_batch(
         self,

@@ -1,7 +1,9 @@
 """Old log-probs filled by the train step (``train_step_with_old_logprobs``) on 2 CPU ranks:
 they equal the separate log-prob pass's, and the step trains exactly as ``train_step`` does on a
 batch that already has them. The first optimizer step's rows take their train forward's own
-log-probs; with dropout in the model every row gets the no-grad forward instead."""
+log-probs; with dropout in the model every row gets the no-grad forward instead. With a token
+budget (and packing) the micro batches hold other rows, cut to their own width, and the filled
+log-probs still land on their rows."""
 
 from __future__ import annotations
 
@@ -26,17 +28,27 @@ def ppo_like_loss(logprobs_BT, micro_batch, entropy_BT=None):
     return loss, {"ratio_max": float((ratio * mask).max())}
 
 
-def _compare(model_path: str, stage: int, lora_dropout: float) -> dict:
+def _compare(model_path: str, stage: int, lora_dropout: float, budget: int | None = None) -> dict:
     import torch
 
     from roll_ds.models.weights import iter_weight_buckets
 
     batch = rank_batch(0, rows=8, seed=3)  # 8 rows: 2 optimizer steps of 2 x 2 rows
     batch["advantages"] = torch.linspace(-1.0, 1.0, 8 * 11).reshape(8, 11)
+    if budget is not None:  # right-padded rows of mixed lengths, so micro batches get cut
+        lengths = torch.tensor([12, 5, 9, 7, 12, 4, 10, 6])
+        batch["attention_mask"] = (torch.arange(12) < lengths[:, None]).long()
 
     def strategy():
         return make_strategy(
-            model_path, stage, lora_rank=4, lora_alpha=8, lora_dropout=lora_dropout, seed=0
+            model_path,
+            stage,
+            lora_rank=4,
+            lora_alpha=8,
+            lora_dropout=lora_dropout,
+            seed=0,
+            max_tokens_per_micro_batch=budget,
+            use_sequence_packing=budget is not None,
         )
 
     def weights(s):
@@ -63,10 +75,12 @@ def _compare(model_path: str, stage: int, lora_dropout: float) -> dict:
     got, filled = fused.train_step_with_old_logprobs(batch, ppo_like_loss)
     got_weights = weights(fused)
     fused.close()
+    real = batch["attention_mask"][:, 1:].bool()  # columns past a row's end are padding
+    diff = torch.where(real, filled - old, 0.0).abs()
     return {
         "no_grad_rows": no_grad_rows,
-        "old_diff_first_step": (filled[:4] - old[:4]).abs().max().item(),
-        "old_diff_later_steps": (filled[4:] - old[4:]).abs().max().item(),
+        "old_diff_first_step": diff[:4].max().item(),
+        "old_diff_later_steps": diff[4:].max().item(),
         "loss": (want["loss"], got["loss"]),
         "ratio_max": (want["ratio_max"], got["ratio_max"]),
         "weights_diff": max(
@@ -75,10 +89,14 @@ def _compare(model_path: str, stage: int, lora_dropout: float) -> dict:
     }
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_train_step_fills_old_logprobs_as_the_separate_pass(tiny_qwen2_dir, stage):
+@pytest.mark.parametrize(
+    ("stage", "budget"),
+    [(2, None), (3, None), (3, 24)],
+    ids=["zero2", "zero3", "zero3-token-budget-packed"],
+)
+def test_train_step_fills_old_logprobs_as_the_separate_pass(tiny_qwen2_dir, stage, budget):
     results = run_distributed(
-        _compare, world_size=2, args=(tiny_qwen2_dir, stage, 0.0), timeout_s=300
+        _compare, world_size=2, args=(tiny_qwen2_dir, stage, 0.0, budget), timeout_s=300
     )
     for res in results:
         assert res["no_grad_rows"] == [4], res  # only the second optimizer step's rows

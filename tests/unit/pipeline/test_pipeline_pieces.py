@@ -240,10 +240,11 @@ def test_old_logprobs_come_from_the_train_step_only_where_nothing_reads_them_bef
     cfg = _cfg()
     cfg.actor_train.strategy_args.strategy_name = "deepspeed_train"
     assert old_logprobs_in_train_step(cfg)
+    cfg.actor_train.max_tokens_per_micro_batch = 64  # token-budget micro-batches too
+    assert old_logprobs_in_train_step(cfg)
     for change in (
         lambda c: setattr(c.algorithm, "kl_coef", 0.1),  # the reference KL reads them first
         lambda c: setattr(c.algorithm, "ppo_epochs", 2),  # later passes need them fixed
-        lambda c: setattr(c.actor_train, "max_tokens_per_micro_batch", 64),
         lambda c: setattr(c.actor_train.model_args, "lora_dropout", 0.1),
         lambda c: setattr(c.actor_train.strategy_args, "strategy_name", "hf_train"),
     ):
@@ -263,6 +264,8 @@ class _Pending:
 
 class _Actor:
     """Two ranks; records the calls a pass makes and answers as the workers would."""
+
+    world_size = 2
 
     def __init__(self):
         self.calls = []
@@ -310,7 +313,31 @@ def test_the_train_step_fills_old_logprobs_in_row_order_with_both_ranks_metrics(
     assert actor.calls == ["train_step_with_old_logprobs"]
     assert torch.equal(batch["old_logprobs"], ids[:, 1:].float())
     assert metrics["loss"] == 2.0  # the mean over both ranks
-    with pytest.raises(ValueError, match="one unbalanced pass"):
+    with pytest.raises(ValueError, match="in a single pass"):
         train_passes(
             {"actor_train": actor}, batch, jobs, ppo_epochs=2, seed=0, fill_old_logprobs=True
         )
+
+
+def test_old_logprobs_of_rows_dealt_to_ranks_by_tokens_come_back_in_row_order():
+    """With a token budget the pass deals rows to ranks by tokens (``balance_ranks``); the
+    ranks return old log-probs in the order they trained them, the batch keeps its own."""
+    from roll_ds.pipeline.passes import balance_ranks, train_passes
+
+    ids = torch.arange(32).reshape(8, 4)
+    mask = torch.tensor([[1, 1, 1, 1]] * 3 + [[1, 1, 0, 0]] * 5)
+    batch = Batch({"input_ids": ids, "attention_mask": mask})
+    dealt = balance_ranks(list(range(8)), mask.sum(-1).tolist(), world_size=2, rows_per_step=2)
+    assert dealt != list(range(8))  # the case under test: the ranks see another order
+    actor = _Actor()
+    jobs = {"actor_train": (("input_ids", "attention_mask"), None)}
+    train_passes(
+        {"actor_train": actor},
+        batch,
+        jobs,
+        ppo_epochs=1,
+        seed=0,
+        balance={"actor_train": 2},
+        fill_old_logprobs=True,
+    )
+    assert torch.equal(batch["old_logprobs"], ids[:, 1:].float())
