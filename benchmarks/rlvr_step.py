@@ -87,6 +87,14 @@ def model_overrides(name: str, work: Path) -> list[str]:
     raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
 
 
+def dtype_overrides(dtype: str | None) -> list[str]:
+    """Config overrides that set both the trainer's and the rollout engine's dtype (None: the
+    config's, fp32); versus_trl.py gives TRL the same through ``trl_grpo_step.py --dtype``."""
+    if dtype is None:
+        return []
+    return [f"actor_train.model_args.dtype={dtype}", f"actor_infer.model_args.dtype={dtype}"]
+
+
 def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
     from roll_ds.config import load_config
     from roll_ds.pipeline.rlvr import RLVRPipeline

@@ -10,7 +10,9 @@ model and tokenizer, prompts per step (16) and group size (8), response length
 (``max_completion_length``), LoRA (r16, alpha 32, all-linear, no dropout), AdamW lr 2e-3 with
 2 warm-up steps then constant, no weight decay, grad-norm clip 1.0, temperature 1.0, top-p 1.0,
 PPO clip 0.2 / 0.28, token-mean loss (TRL ``loss_type="dapo"``), group-std advantages, no KL
-term (``beta=0``: no reference forward in either), no gradient checkpointing, fp32. The prompts
+term (``beta=0``: no reference forward in either), no gradient checkpointing, fp32 (``--dtype
+bf16``: both load the model in bf16; ours trains it with DeepSpeed's bf16 mode, fp32 master
+weights in the optimizer, where peft keeps TRL's adapter in fp32). The prompts
 are the very ones our pipeline draws (``PromptSampler``, same seed, same order; the JSON's
 ``same_prompts`` checks it) and the reward is the same rule for both domains:
 ``roll_ds.data.dataset.answers_match`` (exact match for reverse, numeric equality for math).
@@ -68,6 +70,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from benchmarks.rlvr_step import (  # noqa: E402
     MODELS,
     PHASES,
+    dtype_overrides,
     model_overrides,
     result_line,
     write_results,
@@ -336,14 +339,14 @@ def build_trainer(
     return trainer
 
 
-def bench(name: str, steps: int, work: Path, threads: int) -> dict:
+def bench(name: str, steps: int, work: Path, threads: int, dtype: str | None = None) -> dict:
     import torch
     import trl
 
     from roll_ds.config import load_config
 
     torch.set_num_threads(threads)
-    cfg = load_config("rlvr_lora_zero3", model_overrides(name, work))
+    cfg = load_config("rlvr_lora_zero3", [*model_overrides(name, work), *dtype_overrides(dtype)])
     settings = trl_settings(cfg)
     planned = planned_prompts(cfg, steps)
     timer = _step_timer()
@@ -368,6 +371,7 @@ def bench(name: str, steps: int, work: Path, threads: int) -> dict:
         "engine": "trl",
         "trl_version": trl.__version__,
         "threads": threads,
+        "dtype": cfg.actor_train.model_args.dtype,
         "start_s": start_s,
         "steps_timed": len(rows[timed]),
         "samples_per_step": cfg.rollout_batch_size * group,
@@ -399,6 +403,12 @@ def main() -> None:
         default=[1, 2],
         help="torch intra-op threads; one run each",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        help="the model's dtype (default: the config's, fp32); bf16 loads the weights in bf16, "
+        "as our model_args.dtype=bf16 does",
+    )
     parser.add_argument("--out", default="benchmarks/results/trl_grpo_step.json")
     parser.add_argument("--work-dir", default="output/benchmarks")
     args = parser.parse_args()
@@ -406,7 +416,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
 
     results = [
-        bench(ALIASES.get(model, model), args.steps, work, threads)
+        bench(ALIASES.get(model, model), args.steps, work, threads, args.dtype)
         for model in args.models
         for threads in args.threads
     ]

@@ -5,6 +5,7 @@
     python benchmarks/versus_trl.py --models embedded --steps 6 --variants sync async
     python benchmarks/versus_trl.py \
         --extra 'actor_train.strategy_args.strategy_config=${deepspeed_zero2}'
+    python benchmarks/versus_trl.py --models qwen2-20m --dtype bf16   # both sides in bf16
 
 Each run is its own process (``rlvr_step.py`` for ours, ``trl_grpo_step.py`` for TRL), one after
 the other, so they share the box but never run at the same time. Prints, per model, the median
@@ -23,6 +24,10 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.rlvr_step import dtype_overrides  # noqa: E402
+
 MODELS = ("embedded", "qwen2-20m")
 # Our variants: config overrides on top of rlvr_step.py's settings.
 VARIANTS = {
@@ -62,8 +67,10 @@ def ours(model: str, variant: str, steps: int, extra: list[str]) -> dict:
     return {"who": f"roll_ds {variant}", **result}
 
 
-def trl(model: str, threads: list[int], steps: int) -> list[dict]:
+def trl(model: str, threads: list[int], steps: int, dtype: str | None) -> list[dict]:
     args = ["--models", model, "--steps", str(steps), "--threads", *map(str, threads)]
+    if dtype is not None:
+        args += ["--dtype", dtype]
     results = run_json("trl_grpo_step.py", args)
     return [{"who": f"TRL {r['threads']} thread(s)", **r} for r in results]
 
@@ -102,6 +109,12 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=6, help="steps per run, the first untimed")
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for our runs")
+    parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        help="both sides' model dtype (default: the config's, fp32); bf16 pays on CPUs with "
+        "AMX (amx_bf16 in /proc/cpuinfo)",
+    )
     parser.add_argument("--out", default="benchmarks/results/versus_trl.json")
     args = parser.parse_args()
     if args.threads and importlib.util.find_spec("trl") is None:
@@ -109,9 +122,10 @@ def main() -> None:
 
     report: dict[str, list[dict]] = {}
     for model in args.models:
-        results = [ours(model, v, args.steps, args.extra) for v in args.variants]
+        extra = [*dtype_overrides(args.dtype), *args.extra]
+        results = [ours(model, v, args.steps, extra) for v in args.variants]
         if args.threads:
-            results += trl(model, args.threads, args.steps)
+            results += trl(model, args.threads, args.steps, args.dtype)
         report[model] = results
         print(table(model, results), flush=True)
     out = Path(args.out)
