@@ -127,6 +127,37 @@ def _parse_answer(response: str) -> list:
     return parse(response, parsing_timeout=None, raise_on_error=True)
 
 
+# An integer as math-verify extracts it unchanged: no sign but "-", no leading zeros, and short
+# enough that int() never meets Python's digit limit.
+_CANONICAL_INTEGER = re.compile(r"-?(?:0|[1-9]\d{0,29})")
+
+
+def integer_verdict(response: str, golds: list[str]) -> dict[str, Any] | None:
+    """The verdict of :func:`verify_with_alarm` without math-verify, where the answer
+    :func:`verify_response` would extract (a bare answer, or a lone ``\boxed{}``) and every gold
+    answer are canonical integers (``-12``, ``0``, ``407``): equal integers are correct. None for
+    anything else. Integer answers are the common case of grade-school maths, and this skips
+    sympy and, under the process backend, a round trip to a worker."""
+    text = response.strip()
+    if _is_bare_math(text):
+        answer = text
+    else:
+        boxes = find_boxed(text)
+        if len(boxes) != 1 or boxes[0] is None:
+            return None
+        answer = boxes[0].strip()
+    stripped = [g.strip() for g in golds]
+    if not stripped or not all(_CANONICAL_INTEGER.fullmatch(t) for t in [answer, *stripped]):
+        return None
+    value = int(answer)
+    return {
+        "correct": any(int(g) == value for g in stripped),
+        "error": None,
+        "extracted": answer,
+        "timed_out": False,
+    }
+
+
 def _extracted_str(parsed: list) -> str | None:
     strs = [p for p in parsed if isinstance(p, str)]
     text = strs[0] if strs else (str(parsed[0]) if parsed else None)

@@ -131,7 +131,8 @@ def test_hung_worker_is_killed_and_queued_jobs_are_rescheduled():
         pid = fn.pool.pids()[0]
         os.kill(pid, signal.SIGSTOP)
         try:
-            out = fn([("47", "47"), ("1", "1"), ("2", "3"), (r"\boxed{4}", "4")])
+            # decimals: integer answers would not go to the worker at all
+            out = fn([("4.5", "4.5"), ("1.5", "1.5"), ("2.5", "3.5"), (r"\boxed{4.5}", "4.5")])
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
@@ -140,7 +141,7 @@ def test_hung_worker_is_killed_and_queued_jobs_are_rescheduled():
         assert [i["timed_out"] for i in out.infos[1:]] == [False, False, False]
         assert fn.pool.num_killed == 1
         assert fn.pool.pids()[0] != pid
-        assert fn([("47", "47")]).scores == [1.0]
+        assert fn([("4.5", "4.5")]).scores == [1.0]
 
 
 def test_crashed_worker_fails_only_its_job():
@@ -149,7 +150,7 @@ def test_crashed_worker_fails_only_its_job():
         pid = fn.pool.pids()[0]
         killer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
         killer.start()
-        out = fn([(SLOW_PY, "12"), ("47", "47"), ("3", "3")])
+        out = fn([(SLOW_PY, "12"), ("4.5", "4.5"), ("0.5", r"\frac{1}{2}")])  # queued behind it
         killer.join()
         assert out.scores == [0.0, 1.0, 1.0]
         assert out.infos[0]["error"].startswith("worker_crashed")
@@ -197,7 +198,8 @@ def test_throughput_on_1000_simple_answers(math_rule, capsys):
     for i in range(1000):  # 1000 distinct (answer, gold) pairs: none is remembered
         a, b = rng.randint(1, 99), 1000 * (i + 1)
         answer = a + b if i % 4 else a + b + 1
-        samples.append((str(answer), str(a + b), f"{a}+{b}="))
+        # decimals, so that every pair goes through math-verify in the worker (integers do not)
+        samples.append((f"{answer}.5", f"{a + b}.5", f"{a}.5+{b}="))
     start = time.perf_counter()
     out = math_rule(samples)
     elapsed = time.perf_counter() - start
@@ -245,3 +247,56 @@ def test_timeouts_are_not_remembered_and_the_cache_is_bounded(monkeypatch):
     assert calls == [1, 1, 1, 1, 1]
     with pytest.raises(ValueError, match="cache_size"):
         MathRuleReward(cache_size=-1)
+
+
+INTEGER_PAIRS = [
+    ("47", ["47"]),
+    ("  47\n", ["47"]),
+    ("46", ["47"]),
+    ("-7", ["-7"]),
+    ("-7", ["7"]),
+    ("0", ["0"]),
+    ("-0", ["0"]),
+    ("3", ["4", "3"]),
+    ("3", ["4", "5"]),
+    (r"The answer is \boxed{12}", ["12"]),
+    (r"First 3+4=7, then \boxed{ 12 }.", [" 12 "]),
+    (r"\boxed{-12}", ["12"]),
+    ("123456789012345678901234567890", ["123456789012345678901234567890"]),
+]
+NOT_INTEGER_PAIRS = [
+    ("+5", ["5"]),  # math-verify extracts nothing from "+5"
+    ("007", ["7"]),  # ... and "7" from "007"
+    ("12", ["12.0"]),
+    ("1,000", ["1000"]),
+    ("1234567890123456789012345678901", ["1"]),  # 31 digits
+    (r"\boxed{12} and \boxed{13}", ["12"]),
+    (r"\boxed{12", ["12"]),
+    ("x", ["1"]),
+    ("5", []),
+]
+
+
+@pytest.mark.parametrize(("response", "golds"), INTEGER_PAIRS)
+def test_integer_answers_get_math_verifys_verdict_without_it(response, golds):
+    from roll_ds.rewards.verify import VerifyOptions, integer_verdict, verify_with_alarm
+
+    want = verify_with_alarm(response, golds, VerifyOptions(), None)
+    assert integer_verdict(response, golds) == want
+
+
+@pytest.mark.parametrize(("response", "golds"), NOT_INTEGER_PAIRS)
+def test_other_answers_are_left_to_math_verify(response, golds):
+    from roll_ds.rewards.verify import integer_verdict
+
+    assert integer_verdict(response, golds) is None
+
+
+def test_a_batch_of_integer_answers_needs_no_worker():
+    with MathRuleReward() as fn:  # the process backend, no worker started yet
+        out = fn([("12", "12"), (r"so \boxed{13}", "12"), ("-4", ["4", "-4"])])
+        assert fn._pool is None
+        assert out.scores == [1.0, 0.0, 1.0]
+        assert [i["extracted"] for i in out.infos] == ["12", "13", "-4"]
+        assert fn([("0.5", r"\frac{1}{2}")]).scores == [1.0]  # the rest still goes to math-verify
+        assert fn._pool is not None
