@@ -15,7 +15,6 @@ bounds calls on live-but-stuck workers; start-up is always bounded by ``start_ti
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import os
@@ -125,13 +124,13 @@ class Cluster:
         actor_options: Mapping[str, Any],
     ) -> None:
         """One actor per placement (appended to ``self.actors`` as it starts)."""
-        per_node = collections.Counter(p.slot.node for p in self.placements)
         for p in self.placements:
             options = self._options(p, runtime_env)
             options.update(actor_options)
-            env = _rank_env(rank_env, p, local_size=per_node[p.slot.node])
             self.actors.append(
-                actor_cls.options(**options).remote(*init_args, _roll_ds_env=env, **init_kwargs)
+                actor_cls.options(**options).remote(
+                    *init_args, _roll_ds_env=_rank_env(rank_env, p), **init_kwargs
+                )
             )
 
     def _wait_started(self, timeout_s: float) -> list[dict[str, Any]]:
@@ -288,17 +287,11 @@ def _with_rank_env(cls: type) -> type:
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
 
 
-def _rank_env(base: Mapping[str, str], p: ActorPlacement, *, local_size: int) -> dict[str, str]:
-    """``base`` plus the rank's own variables; ``local_size``: the role's ranks on its node."""
+def _rank_env(base: Mapping[str, str], p: ActorPlacement) -> dict[str, str]:
     slot = p.slot
     env = dict(base)
     env.update(
-        RANK=str(slot.rank),
-        LOCAL_RANK="0",
-        # what DeepSpeed's launcher sets: without it the CPU accelerator's device_count() runs
-        # `numactl --hardware` on every call, about 20 times per ZeRO-3 step
-        LOCAL_SIZE=str(local_size),
-        ROLL_DS_NODE_LOCAL_RANK=str(slot.node_local_rank),
+        RANK=str(slot.rank), LOCAL_RANK="0", ROLL_DS_NODE_LOCAL_RANK=str(slot.node_local_rank)
     )
     if slot.node is not None:
         env["ROLL_DS_NODE"] = str(slot.node)

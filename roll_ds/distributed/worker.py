@@ -9,8 +9,6 @@ module is imported; the per-rank variables are set in the actor process right be
     LOCAL_RANK              always 0: each actor sees only its own devices (Ray sets
                             CUDA_VISIBLE_DEVICES per actor), so its first device is index 0 --
                             DeepSpeed and torch pick ``cuda:LOCAL_RANK``
-    LOCAL_SIZE              the role's workers on the same node (as DeepSpeed's launcher sets
-                            it; its CPU accelerator counts devices from it)
     ROLL_DS_NODE_LOCAL_RANK the rank among the role's workers on the same node
     ROLL_DS_NODE            the logical node index of the device_mapping (absent for CPU roles)
     MASTER_ADDR/PORT        rank 0's node IP and a port that was free there
