@@ -103,6 +103,7 @@ class AgenticPipeline(RLVRPipeline):
             pool=self.env_pool,
             pad_id=pad_token_id(self.tokenizer),
             queue=self.queue,
+            gate=self.policy_sync.gate,
         )
 
     def shutdown(self) -> None:

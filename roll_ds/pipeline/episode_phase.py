@@ -37,6 +37,7 @@ from roll_ds.pipeline.colocation import GENERATE, Choreography
 from roll_ds.pipeline.episode_queue import EpisodeQueue, EpisodesInFlight
 from roll_ds.pipeline.seeds import step_seed
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
+from roll_ds.pipeline.sync_gate import SyncGate
 
 EVAL_FIRST_ID = 1 << 40  # held-out episode ids while training episodes are in flight
 
@@ -111,6 +112,8 @@ class EpisodePhase:
     pool: Any  # roll_ds.agentic.env_pool.RayEnvPool
     pad_id: int
     queue: EpisodeQueue | None = None  # async_generation: the steps played ahead
+    # The sync phase's gate: a turn waits while a weight sync has the engines (sync_gate.py).
+    gate: SyncGate = field(default_factory=SyncGate)
     _runner: EpisodeRunner = field(init=False, repr=False)
     _eval_runner: EpisodeRunner = field(init=False, repr=False)
 
@@ -207,11 +210,12 @@ class EpisodePhase:
         batch = Batch(
             non_tensors={"prompt_ids": contexts, "row": rows, "max_new_tokens": max_new_tokens}
         )
-        out = (
-            self.clusters["actor_infer"]
-            .submit("generate_turns", batch, seed=seed, **sampling)
-            .get()
-        )
+        with self.gate.call():
+            out = (
+                self.clusters["actor_infer"]
+                .submit("generate_turns", batch, seed=seed, **sampling)
+                .get()
+            )
         order = {int(r): i for i, r in enumerate(out["row"])}
         pick = [order[int(r)] for r in rows]
         return {

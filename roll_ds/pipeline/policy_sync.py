@@ -22,6 +22,7 @@ from typing import Any
 
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.pipeline.colocation import GENERATE, SYNC, Choreography, colocated_parity
+from roll_ds.pipeline.sync_gate import SyncGate
 
 
 class PolicySync:
@@ -46,6 +47,8 @@ class PolicySync:
         self.transport: Any = None  # built once, on the first sync
         self.parity_probe: Any = None
         self.pending: Any = None  # a DeferredParity the next generate call completes
+        # Generate calls of threads playing ahead wait while a sync has the engines.
+        self.gate = SyncGate()
 
     @property
     def streaming(self) -> bool:
@@ -93,15 +96,16 @@ class PolicySync:
                 self.actor_infer,
                 rollout_dtype=self.cfg.actor_infer.model_args.dtype,
             )
-        self.colocation.enter(SYNC, policy_version)  # trainer loaded, engine weights awake
-        if self.streaming:  # requests in flight wait between two decode steps
-            started = time.perf_counter()
-            self.actor_infer.call("pause_generation")
-            paused_s = time.perf_counter() - started
-        metrics = self.transport.sync(self.actor_train, self.actor_infer)
-        if self.streaming:
-            self.actor_infer.call("resume_generation", policy_version)
-            metrics["sync/pause_s"] = paused_s
+        with self.gate.sync():  # turns played ahead wait; those in flight finish first
+            self.colocation.enter(SYNC, policy_version)  # trainer loaded, engine weights awake
+            if self.streaming:  # requests in flight wait between two decode steps
+                started = time.perf_counter()
+                self.actor_infer.call("pause_generation")
+                paused_s = time.perf_counter() - started
+            metrics = self.transport.sync(self.actor_train, self.actor_infer)
+            if self.streaming:
+                self.actor_infer.call("resume_generation", policy_version)
+                metrics["sync/pause_s"] = paused_s
         self.colocation.synced(policy_version)
         self.last_parity = None
         self.pending = None  # a probe of the weights just replaced is moot
