@@ -268,8 +268,10 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
                 "offload_states(level=2) discards the base weights, which adapter-only syncs "
                 "(weight_sync.lora_sync=adapter) never resend; use level 1"
             )
-        if self._asleep:
+        if "weights" in self._asleep:  # vLLM skips a sleep on the same condition
             return
+        # The KV cache alone asleep (the sync phase: weights woken for a reload) still sleeps:
+        # vLLM offloads the weights and leaves the already released KV cache as it is.
         if current_platform().is_cuda:
             self.llm.sleep(level=level)
         self._asleep = set(SLEEP_TAGS)
