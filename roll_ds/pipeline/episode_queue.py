@@ -57,6 +57,11 @@ class EpisodeQueue(RolloutQueue):
     """``RolloutQueue``'s order and bounds (``fill``, ``take``, ``wait_next``) over
     ``EpisodesInFlight``; checkpoints store episodes instead of generation columns."""
 
+    def wait_for_sync(self, timeout_s: float | None = None) -> None:
+        """The next step's episodes (its staleness bound); turns of later steps are one
+        generate call each and wait at the sync gate (``sync_gate.py``) instead."""
+        self.wait_next(timeout_s)
+
     def save(self, directory: Path, timeout_s: float | None = None) -> None:
         self.wait_all(timeout_s)
         state = [

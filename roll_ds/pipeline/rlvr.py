@@ -255,8 +255,8 @@ class RLVRPipeline:
         self.policy_version = step + 1
         if self.queue is not None:
             if not self.policy_sync.streaming:  # a sync would queue behind the batches
-                with timed(timings, "rollout_wait"):  # the trainer waits for the next batch
-                    self.queue.wait_next()
+                with timed(timings, "rollout_wait"):
+                    self.queue.wait_for_sync()
             with timed(timings, "sync_after"):
                 self._unreported_sync = self.sync_weights()
         metrics.update(rollout_stats)

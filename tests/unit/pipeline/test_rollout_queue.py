@@ -55,6 +55,18 @@ def test_wait_next_collects_only_the_oldest():
     assert queue.items[0].output is not None and queue.items[1].output is None
 
 
+def test_a_batch_mode_sync_waits_for_every_batch_in_flight():
+    """At max_staleness 2 an engine may hold two generate calls when a step ends; its
+    receive_weights would queue behind both while the trainer's side waits with a bound, so
+    the loop waits for all of them before it syncs (not only the next step's)."""
+    queue = RolloutQueue(depth=2)
+    queue.fill(0, _submitter([0], []))
+    queue.take(0)
+    queue.wait_for_sync()
+    assert [i.step for i in queue.items] == [1, 2]
+    assert all(i.output is not None and i.call is None for i in queue.items)
+
+
 def test_checkpoint_round_trip_is_exact_and_pickle_free(tmp_path):
     queue = RolloutQueue(depth=1)
     queue.fill(4, _submitter([3], []))
