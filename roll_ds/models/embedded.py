@@ -1,13 +1,10 @@
 """The embedded default model: a tiny Qwen2 shipped with the package, since no hub is reachable.
 
-``resolve_pretrain("embedded:tiny-qwen2")`` returns the shipped directory
-(``roll_ds/models/embedded_tiny_qwen2/``, about 2 MB) when it was built from the current recipe;
-any other ``pretrain`` must be a local path. The model is shipped rather than built on each
-machine because the build is a long float computation on the CPU: another machine's rounding
-takes it down another training path to another model, and the default run's results with it.
-When the recipe changed and the shipped copy was not refreshed, the model is built into the
-cache instead (``<cache>/models/tiny-qwen2-<recipe digest>``, built once) with a warning;
-``python scripts/make_embedded_model.py`` rebuilds the shipped copy.
+Shipped in ``roll_ds/models/embedded_tiny_qwen2/`` (about 2 MB; ``roll_ds/models/shipped.py``
+finds it by name) rather than built on each machine, because the build is a long float
+computation on the CPU: another machine's rounding takes it down another training path to
+another model, and the default run's results with it. ``REFRESH_COMMAND`` rebuilds the shipped
+copy; a unit test fails while it was built from another recipe than this one.
 
 The build is a seeded init and then a short supervised warm-up on demonstrations of mixed
 quality: most demonstrations carry the domain's typical flaw (``synthetic.flawed_answer``: a
@@ -21,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -32,24 +28,21 @@ from typing import TYPE_CHECKING, Any
 
 from roll_ds.config.schema import EMBEDDED_MODEL
 from roll_ds.data.synthetic import DOMAINS, TaskSpec, generate_domain, to_jsonl
-from roll_ds.models.loading import EMBEDDED_MODELS
+from roll_ds.models.shipped import RECIPE_FILE, resolve_embedded, shipped_model
 from roll_ds.models.tiny import TinyQwen2Spec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-logger = logging.getLogger(__name__)
-
-RECIPE_FILE = "roll_ds_recipe.json"
-SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_qwen2")
-REFRESH_COMMAND = "python scripts/make_embedded_model.py"
+SHIPPED_DIR = shipped_model(EMBEDDED_MODEL).path
+REFRESH_COMMAND = shipped_model(EMBEDDED_MODEL).rebuild_command
 # Bump when the build code changes what a recipe produces (the task data is hashed separately).
 RECIPE_VERSION = 3
 
 
 @dataclass(frozen=True, kw_only=True)
 class WarmupRecipe:
-    """Everything that determines the built weights (hashed into the cache directory name).
+    """Everything that determines the built weights (hashed into the recipe digest).
 
     The warm-up trains on the synthetic train split, each demonstration flawed with probability
     ``flawed_fraction``. Every ``check_every`` steps it measures the greedy *skill* on a dev
@@ -91,8 +84,8 @@ class WarmupRecipe:
         return {"version": RECIPE_VERSION, **asdict(self)}
 
     def digest(self) -> str:
-        """Names the cache directory: the recipe plus the exact rows the warm-up learns from and
-        is judged on, so a change to the task generator also builds a new model."""
+        """The recipe plus the exact rows the warm-up learns from and is judged on, so a change
+        to the task generator also calls for a new model."""
         blob = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode())
         for split in _splits(self):
             blob.update(to_jsonl(split).encode())
@@ -100,55 +93,6 @@ class WarmupRecipe:
 
 
 DEFAULT_RECIPE = WarmupRecipe()
-
-
-def cache_root(cache_dir: str | None = None) -> str:
-    root = cache_dir or os.environ.get("ROLL_DS_CACHE") or os.path.join("~", ".cache", "roll_ds")
-    return os.path.abspath(os.path.expanduser(root))
-
-
-def resolve_pretrain(
-    pretrain: str, cache_dir: str | None = None, recipe: WarmupRecipe = DEFAULT_RECIPE
-) -> str:
-    """A local model directory for the config's ``pretrain`` field.
-
-    The embedded name gives the shipped model when ``recipe`` is the one it was built from,
-    else a build under ``<cache>/models/`` (made once, then reused); a local path is returned
-    unchanged; anything else fails, since no model hub is reachable.
-    """
-    if pretrain != EMBEDDED_MODEL and pretrain in EMBEDDED_MODELS:
-        # the embedded reward model, the embedded agent: each module builds its own, by name
-        return EMBEDDED_MODELS.get(pretrain)(cache_dir)
-    if pretrain == EMBEDDED_MODEL:
-        digest = recipe.digest()
-        shipped = shipped_digest()
-        if shipped == digest:
-            return SHIPPED_DIR
-        if recipe == DEFAULT_RECIPE:  # the code's recipe moved on without the shipped copy
-            logger.warning(
-                "the shipped embedded model (%s, recipe %s) is stale: the current recipe is %s; "
-                "building it into the cache (about 90 s, once). Refresh the shipped copy with "
-                "`%s`.",
-                SHIPPED_DIR,
-                shipped,
-                digest,
-                REFRESH_COMMAND,
-            )
-        name = EMBEDDED_MODEL.split(":", 1)[1]
-        target = os.path.join(cache_root(cache_dir), "models", f"{name}-{digest}")
-        return ensure_built(target, recipe)
-    if os.path.isdir(pretrain):
-        return pretrain
-    raise ValueError(
-        f"pretrain={pretrain!r} is neither {EMBEDDED_MODEL!r} nor an existing local directory. "
-        "No model hub is reachable from this environment: download the model elsewhere and set "
-        f"`pretrain` to its local directory, or use pretrain={EMBEDDED_MODEL!r}."
-    )
-
-
-def resolve_policy_model(cache_dir: str | None = None) -> str:
-    """The embedded policy's directory (``EMBEDDED_MODELS[EMBEDDED_MODEL]``)."""
-    return resolve_pretrain(EMBEDDED_MODEL, cache_dir)
 
 
 def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
@@ -163,7 +107,7 @@ def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
 def policy_model() -> tuple[str, str | None]:
     """The embedded policy's directory and the recipe digest it was built from (what the
     embedded reward and agent models start from)."""
-    path = resolve_pretrain(EMBEDDED_MODEL)
+    path = resolve_embedded(EMBEDDED_MODEL)
     return path, shipped_digest(path)
 
 
@@ -191,38 +135,6 @@ def write_shipped(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return info
-
-
-def ensure_built(target: str, recipe: Any, build: Callable[[str, Any], dict] | None = None) -> str:
-    """Build ``target`` unless it exists; safe when several processes call it at once.
-
-    The model is built in a temporary sibling directory and renamed into place, so ``target``
-    either does not exist or is complete; a file lock keeps concurrent callers from building
-    twice (the losers wait, then reuse the winner's directory). ``build(dir, recipe)`` writes
-    the model (default: the embedded policy's ``build_model_dir``).
-    """
-    from filelock import FileLock
-
-    if os.path.isfile(os.path.join(target, RECIPE_FILE)):
-        return target
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    with FileLock(target + ".lock"):
-        if os.path.isfile(os.path.join(target, RECIPE_FILE)):
-            return target
-        prefix = f".{os.path.basename(target)}.tmp-"
-        for stale in os.listdir(parent):  # left by a builder that was killed mid-build
-            if stale.startswith(prefix):
-                shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
-        tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
-        try:
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is for every process
-            (build or build_model_dir)(tmp, recipe)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return target
 
 
 def build_model_dir(out_dir: str, recipe: WarmupRecipe) -> dict:

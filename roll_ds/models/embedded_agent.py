@@ -26,8 +26,8 @@ allow it (the measurement uses ``max_new_tokens``).
 
 As with the other embedded models the build is a float computation whose result differs
 between machines, so the built directory is shipped in ``roll_ds/models/embedded_tiny_agent/``;
-``python scripts/make_embedded_agent.py`` rebuilds it, and a stale copy is rebuilt into the
-cache with a warning (``resolve_agent_model``).
+``python scripts/make_embedded_agent.py`` rebuilds it; a unit test fails while the shipped copy
+is stale.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import os
 import random
 import time
@@ -44,8 +43,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from roll_ds.config.schema import EMBEDDED_AGENT  # noqa: F401  (the name this model answers to)
-
-logger = logging.getLogger(__name__)
 
 RECIPE_FILE = "roll_ds_recipe.json"
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_agent")
@@ -70,7 +67,7 @@ ENV_NAMES = ("calculator", "guess_number")
 @dataclass(frozen=True, kw_only=True)
 class AgentRecipe:
     """Everything that determines the built weights (hashed, with the policy it starts from,
-    the chat template and the demonstration episodes, into the cache directory name).
+    the chat template and the demonstration episodes, into the recipe digest).
 
     ``guess_low``/``guess_high``, ``calc_digits`` and ``max_turns`` are the environments'
     ``env_config`` and the runner's ``max_actions_per_traj`` the model is warmed up (and
@@ -139,27 +136,6 @@ def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
     from roll_ds.models import embedded
 
     return embedded.shipped_digest(shipped_dir)
-
-
-def resolve_agent_model(cache_dir: str | None = None) -> str:
-    """The embedded agent model's directory: the shipped one when it matches the current recipe
-    and policy, else a build in the cache (made once)."""
-    from roll_ds.models.embedded import cache_root, ensure_built
-
-    digest = DEFAULT_AGENT_RECIPE.digest(_policy()[1])
-    shipped = shipped_digest()
-    if shipped == digest:
-        return SHIPPED_DIR
-    logger.warning(
-        "the shipped embedded agent model (%s, recipe %s) is stale: the current recipe is %s; "
-        "building it into the cache (a few minutes, once). Refresh the shipped copy with `%s`.",
-        SHIPPED_DIR,
-        shipped,
-        digest,
-        REFRESH_COMMAND,
-    )
-    target = os.path.join(cache_root(cache_dir), "models", f"tiny-agent-{digest}")
-    return ensure_built(target, DEFAULT_AGENT_RECIPE, build=build_agent_model_dir)
 
 
 def write_shipped(shipped_dir: str = SHIPPED_DIR) -> dict:

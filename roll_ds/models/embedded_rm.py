@@ -18,14 +18,13 @@ to the same prompt), over all candidates and over the policy's samples alone.
 
 As with the policy, the build is a float computation whose result differs between machines, so
 the built directory is shipped; ``python scripts/make_embedded_rm.py`` rebuilds it (about a
-minute), and a stale copy is rebuilt into the cache with a warning (``resolve_reward_model``).
+minute); a unit test fails while the shipped copy is stale.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import time
 from collections import defaultdict
@@ -34,8 +33,6 @@ from typing import Any
 
 from roll_ds.config.schema import EMBEDDED_RM  # noqa: F401  (the name this model answers to)
 from roll_ds.data.synthetic import DOMAINS, TaskSpec, flawed_answer, generate_domain, to_jsonl
-
-logger = logging.getLogger(__name__)
 
 RECIPE_FILE = "roll_ds_recipe.json"
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_rm")
@@ -46,7 +43,7 @@ RECIPE_VERSION = 1
 @dataclass(frozen=True, kw_only=True)
 class RewardModelRecipe:
     """Everything that determines the built weights (hashed, with the policy it starts from and
-    the task rows, into the cache directory name)."""
+    the task rows, into the recipe digest)."""
 
     seed: int = 11
     data: TaskSpec = field(default_factory=TaskSpec)
@@ -84,28 +81,6 @@ def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
     from roll_ds.models import embedded
 
     return embedded.shipped_digest(shipped_dir)
-
-
-def resolve_reward_model(cache_dir: str | None = None) -> str:
-    """The embedded reward model's directory: the shipped one when it matches the current recipe
-    and policy, else a build in the cache (made once)."""
-    from roll_ds.models.embedded import cache_root, ensure_built
-
-    _, policy_digest = _policy()
-    digest = DEFAULT_RM_RECIPE.digest(policy_digest)
-    shipped = shipped_digest()
-    if shipped == digest:
-        return SHIPPED_DIR
-    logger.warning(
-        "the shipped embedded reward model (%s, recipe %s) is stale: the current recipe is %s; "
-        "building it into the cache (about a minute, once). Refresh the shipped copy with `%s`.",
-        SHIPPED_DIR,
-        shipped,
-        digest,
-        REFRESH_COMMAND,
-    )
-    target = os.path.join(cache_root(cache_dir), "models", f"tiny-rm-{digest}")
-    return ensure_built(target, DEFAULT_RM_RECIPE, build=build_reward_model_dir)
 
 
 def write_shipped(shipped_dir: str = SHIPPED_DIR) -> dict:

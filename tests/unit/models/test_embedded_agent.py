@@ -43,7 +43,7 @@ def test_shipped_agent_model_matches_the_recipe():
 
 
 def test_embedded_name_resolves_to_the_shipped_model():
-    from roll_ds.models.embedded import resolve_pretrain
+    from roll_ds.models.shipped import resolve_pretrain
 
     assert resolve_pretrain(EMBEDDED_AGENT) == SHIPPED_DIR
 

@@ -1,5 +1,5 @@
-"""The embedded tiny Qwen2: tokenizer, config invariants, deterministic builds, the shipped model,
-resolve_pretrain."""
+"""The embedded tiny Qwen2: tokenizer, config invariants, deterministic builds, the shipped
+model and its recipe."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from dataclasses import replace
 
 import pytest
@@ -17,7 +16,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from roll_ds.data.synthetic import TaskSpec, flawed_answer
 from roll_ds.models import embedded
-from roll_ds.models.embedded import EMBEDDED_MODEL, RECIPE_FILE, WarmupRecipe, resolve_pretrain
+from roll_ds.models.embedded import RECIPE_FILE, WarmupRecipe
 from roll_ds.models.tiny import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -110,7 +109,10 @@ def test_init_is_deterministic_by_seed(tokenizer):
 
 
 def test_build_is_deterministic(tmp_path):
-    dirs = [resolve_pretrain(EMBEDDED_MODEL, str(tmp_path / name), recipe=TINY) for name in "ab"]
+    dirs = [str(tmp_path / name) for name in "ab"]
+    for d in dirs:
+        os.makedirs(d)
+        embedded.build_model_dir(d, TINY)
     tensors = [load_file(os.path.join(d, "model.safetensors")) for d in dirs]
     assert tensors[0].keys() == tensors[1].keys()
     assert all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])
@@ -131,59 +133,23 @@ def test_build_is_deterministic(tmp_path):
     }
 
 
-def test_resolve_pretrain_cache_layout_and_reuse(tmp_path, monkeypatch):
-    monkeypatch.setenv("ROLL_DS_CACHE", str(tmp_path))
-    path = resolve_pretrain(EMBEDDED_MODEL, recipe=TINY)
-    assert os.path.dirname(path) == str(tmp_path / "models")
-    assert os.path.basename(path) == f"tiny-qwen2-{TINY.digest()}"
-    stamp = os.stat(os.path.join(path, "model.safetensors")).st_mtime_ns
-    assert resolve_pretrain(EMBEDDED_MODEL, recipe=TINY) == path
-    assert os.stat(os.path.join(path, "model.safetensors")).st_mtime_ns == stamp
+def test_digest_follows_the_recipe():
+    assert TINY.digest() == WarmupRecipe(**{**TINY.__dict__}).digest()
     assert TINY.digest() != replace(TINY, max_steps=3).digest()
-    assert not [n for n in os.listdir(tmp_path / "models") if ".tmp-" in n]
 
 
-def test_a_killed_build_is_cleaned_up_and_rebuilt(tmp_path):
-    target = os.path.join(tmp_path, "models", f"tiny-qwen2-{TINY.digest()}")
-    stale = os.path.join(tmp_path, "models", f".tiny-qwen2-{TINY.digest()}.tmp-dead")
-    os.makedirs(stale)  # what a builder killed mid-build leaves behind
-    assert resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY) == target
-    assert not os.path.exists(stale)
+def test_a_failed_rebuild_keeps_the_shipped_directory(tmp_path):
+    target = str(tmp_path / "shipped")
+    os.makedirs(target)
+    with open(os.path.join(target, RECIPE_FILE), "w") as f:
+        f.write('{"recipe_digest": "kept"}')
 
-
-def test_concurrent_builders_build_once(tmp_path, monkeypatch):
-    calls = []
-    real_build = embedded.build_model_dir
-
-    def counting_build(out_dir, recipe):
-        calls.append(out_dir)
-        return real_build(out_dir, recipe)
-
-    monkeypatch.setattr(embedded, "build_model_dir", counting_build)
-    results = []
-    threads = [
-        threading.Thread(
-            target=lambda: results.append(
-                resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
-            )
-        )
-        for _ in range(3)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(calls) == 1 and len(results) == 3 and len(set(results)) == 1
-
-
-def test_failed_build_leaves_no_directory(tmp_path, monkeypatch):
     def broken_build(out_dir, recipe):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(embedded, "build_model_dir", broken_build)
     with pytest.raises(RuntimeError, match="boom"):
-        resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
-    assert [n for n in os.listdir(tmp_path / "models") if not n.endswith(".lock")] == []
+        embedded.write_shipped(target, TINY, build=broken_build)
+    assert os.listdir(tmp_path) == ["shipped"] and embedded.shipped_digest(target) == "kept"
 
 
 def test_warmup_learns_from_the_shipped_train_files_and_stops_on_fresh_dev_rows():
@@ -296,35 +262,6 @@ def test_shipped_model_loads_and_reproduces_its_recorded_accuracy():
     assert accuracy == pytest.approx(info["warmup_eval_accuracy"], abs=0.02)
 
 
-def test_resolve_pretrain_returns_the_shipped_model_without_building(tmp_path, monkeypatch):
-    def no_build(out_dir, recipe):
-        raise AssertionError("the shipped model is current: nothing is built")
-
-    monkeypatch.setattr(embedded, "build_model_dir", no_build)
-    assert resolve_pretrain(EMBEDDED_MODEL, str(tmp_path)) == embedded.SHIPPED_DIR
-    assert os.listdir(tmp_path) == []
-
-
-def test_a_stale_shipped_model_is_built_into_the_cache_with_a_warning(
-    tmp_path, monkeypatch, caplog
-):
-    def fake_build(out_dir, recipe):
-        with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"recipe_digest": recipe.digest()}, f)
-
-    monkeypatch.setattr(embedded, "shipped_digest", lambda *args: "000000000000")
-    monkeypatch.setattr(embedded, "build_model_dir", fake_build)
-    path = resolve_pretrain(EMBEDDED_MODEL, str(tmp_path))
-    digest = embedded.DEFAULT_RECIPE.digest()
-    assert path == str(tmp_path / "models" / f"tiny-qwen2-{digest}")
-    assert "shipped embedded model" in caplog.text and "is stale" in caplog.text
-    assert embedded.REFRESH_COMMAND in caplog.text
-    # A recipe other than the code's (as tests pass) builds without calling the shipped one stale.
-    caplog.clear()
-    resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
-    assert "stale" not in caplog.text
-
-
 def test_write_shipped_replaces_the_directory(tmp_path):
     target = str(tmp_path / "shipped")
     os.makedirs(target)
@@ -337,14 +274,6 @@ def test_write_shipped_replaces_the_directory(tmp_path):
         assert os.stat(os.path.join(target, name)).st_mode & 0o777 == 0o644, name
     assert sorted(os.listdir(tmp_path)) == ["shipped"]
     assert embedded.shipped_digest(str(tmp_path / "absent")) is None
-
-
-def test_local_paths_pass_through_and_unknown_names_fail(tmp_path):
-    assert resolve_pretrain(str(tmp_path)) == str(tmp_path)
-    with pytest.raises(
-        ValueError, match=r"pretrain='Qwen/Qwen2.5-0.5B'.*No model hub is reachable"
-    ):
-        resolve_pretrain("Qwen/Qwen2.5-0.5B")
 
 
 def test_importing_the_packages_stays_light():
