@@ -1,5 +1,5 @@
-"""Build the embedded default model for real (the build code path: ``resolve_pretrain`` returns the
-shipped copy instead), check its accuracy, and serve it with vLLM."""
+"""Build the embedded default model for real from its recipe (examples/embedded_models/policy.py;
+runs load the shipped copy instead), check its accuracy, and serve it with vLLM."""
 
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ import time
 
 import pytest
 
-from roll_ds.data.dataset import greedy_accuracy, load_jsonl_rows
-from roll_ds.models.embedded import (
+from examples.embedded_models.policy import (
     DEFAULT_RECIPE,
-    RECIPE_FILE,
-    SHIPPED_DIR,
-    ensure_built,
+    NAME,
+    build,
+    greedy_accuracy,
     greedy_accuracy_and_skill,
 )
+from roll_ds.data.dataset import load_jsonl_rows
+from roll_ds.models.shipped import RECIPE_FILE, shipped_model
+
+SHIPPED_DIR = shipped_model(NAME).path
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +38,8 @@ def eval_rows():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     start = time.perf_counter()
-    target = str(tmp_path_factory.mktemp("cache") / f"tiny-qwen2-{DEFAULT_RECIPE.digest()}")
-    path = ensure_built(target, DEFAULT_RECIPE)
+    path = str(tmp_path_factory.mktemp("built"))
+    build(path, DEFAULT_RECIPE)
     with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
         info = json.load(f)
     with open(os.path.join(SHIPPED_DIR, "model.safetensors"), "rb") as f:

@@ -1,5 +1,5 @@
-"""The embedded tiny Qwen2: tokenizer, config invariants, deterministic builds, the shipped
-model and its recipe."""
+"""The embedded tiny Qwen2's recipe (examples/embedded_models/policy.py, tiny.py): tokenizer,
+config invariants, deterministic builds, the warm-up, and the shipped model it made."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from roll_ds.data.synthetic import TaskSpec, flawed_answer
-from roll_ds.models import embedded
-from roll_ds.models.embedded import RECIPE_FILE, WarmupRecipe
-from roll_ds.models.tiny import (
+from examples.embedded_models import policy
+from examples.embedded_models.common import shipped_digest, write_shipped
+from examples.embedded_models.policy import WarmupRecipe
+from examples.embedded_models.synthetic import TaskSpec, flawed_answer
+from examples.embedded_models.tiny import (
     EOS_TOKEN,
     PAD_TOKEN,
     TinyQwen2Spec,
@@ -25,6 +26,8 @@ from roll_ds.models.tiny import (
     init_model,
     save_tokenizer,
 )
+from roll_ds.config.schema import EMBEDDED_MODEL
+from roll_ds.models.shipped import RECIPE_FILE, shipped_model
 
 TEXTS = ["12+34=", "reverse abc=cba", "  two  spaces\nand\ttabs ", "héllo ∑ 😀", "don't"]
 # A cheap recipe: a couple of warm-up steps on a few rows.
@@ -112,7 +115,7 @@ def test_build_is_deterministic(tmp_path):
     dirs = [str(tmp_path / name) for name in "ab"]
     for d in dirs:
         os.makedirs(d)
-        embedded.build_model_dir(d, TINY)
+        policy.build(d, TINY)
     tensors = [load_file(os.path.join(d, "model.safetensors")) for d in dirs]
     assert tensors[0].keys() == tensors[1].keys()
     assert all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])
@@ -148,32 +151,32 @@ def test_a_failed_rebuild_keeps_the_shipped_directory(tmp_path):
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        embedded.write_shipped(target, TINY, build=broken_build)
-    assert os.listdir(tmp_path) == ["shipped"] and embedded.shipped_digest(target) == "kept"
+        write_shipped(target, TINY, broken_build)
+    assert os.listdir(tmp_path) == ["shipped"] and shipped_digest(target) == "kept"
 
 
 def test_warmup_learns_from_the_shipped_train_files_and_stops_on_fresh_dev_rows():
     data_dir = os.path.join(
         os.path.dirname(__file__), "..", "..", "..", "examples", "qwen_rlvr", "data"
     )
-    train, dev, held_out = embedded._splits(embedded.DEFAULT_RECIPE)
+    train, dev, held_out = policy._splits(policy.DEFAULT_RECIPE)
     for split, rows in (("train", train), ("eval", held_out)):
         shipped = []
         for domain in ("math", "reverse"):
             with open(os.path.join(data_dir, f"{domain}_{split}.jsonl"), encoding="utf-8") as f:
                 shipped += [json.loads(line) for line in f]
         assert rows == shipped
-    assert len(dev) == 2 * embedded.DEFAULT_RECIPE.n_dev
+    assert len(dev) == 2 * policy.DEFAULT_RECIPE.n_dev
     assert not {r["prompt"] for r in dev} & {r["prompt"] for r in train + held_out}
 
 
 def test_domain_shares_favour_the_domain_furthest_below_the_target():
     base = torch.tensor([0.85, 0.15], dtype=torch.float64)
-    target = embedded.DEFAULT_RECIPE.target_skill
-    shares = embedded._domain_shares(base, [0.0, 0.0], embedded.DEFAULT_RECIPE)
+    target = policy.DEFAULT_RECIPE.target_skill
+    shares = policy._domain_shares(base, [0.0, 0.0], policy.DEFAULT_RECIPE)
     assert torch.equal(shares, base)
-    shares = embedded._domain_shares(base, [0.1, target], embedded.DEFAULT_RECIPE)
-    assert shares[1] == base[1] * embedded.DEFAULT_RECIPE.min_weight_scale
+    shares = policy._domain_shares(base, [0.1, target], policy.DEFAULT_RECIPE)
+    assert shares[1] == base[1] * policy.DEFAULT_RECIPE.min_weight_scale
     assert shares[0] == pytest.approx(base[0] * (1 - 0.1 / target))
 
 
@@ -201,7 +204,7 @@ def test_warmup_batches_mix_right_and_flawed_demonstrations(tokenizer):
         {"domain": "reverse", "prompt": f"reverse {w}=", "ground_truth": w[::-1]}
         for w in ("abc", "defg", "hij", "klmn")
     ]
-    input_ids, labels, _ = embedded._encode_demos(tokenizer, rows)
+    input_ids, labels, _ = policy._encode_demos(tokenizer, rows)
     # Right demonstrations first, then the flawed ones, row for row.
     answers = [tokenizer.decode(ids[ids != -100], skip_special_tokens=True) for ids in labels]
     assert answers == ["cba", "gfed", "jih", "nmlk", "cb", "gfe", "ji", "nml"]
@@ -215,11 +218,9 @@ def test_skill_counts_right_and_flawed_answers_and_nothing_else(monkeypatch):
         {"domain": "reverse", "prompt": "reverse ab=", "ground_truth": "ba"},
         {"domain": "reverse", "prompt": "reverse cde=", "ground_truth": "edc"},
     ]
-    from roll_ds.data import dataset
-
     # The model's greedy answers: right, flawed (sign slip), flawed (one short), wrong.
-    monkeypatch.setattr(dataset, "greedy_responses", lambda *a, **k: ["3", "-4", "b", "cde"])
-    accuracy, skill = embedded.greedy_accuracy_and_skill(None, None, rows)
+    monkeypatch.setattr(policy, "greedy_responses", lambda *a, **k: ["3", "-4", "b", "cde"])
+    accuracy, skill = policy.greedy_accuracy_and_skill(None, None, rows)
     assert accuracy == {"math": 0.5, "reverse": 0.0, "overall": 0.25}
     assert skill == {"math": 1.0, "reverse": 0.5, "overall": 0.75}
 
@@ -227,21 +228,10 @@ def test_skill_counts_right_and_flawed_answers_and_nothing_else(monkeypatch):
 # --- the shipped model ----------------------------------------------------------------------
 
 
-def test_shipped_model_is_built_from_the_current_recipe():
-    shipped, current = embedded.shipped_digest(), embedded.DEFAULT_RECIPE.digest()
-    assert shipped == current, (
-        f"{embedded.SHIPPED_DIR} was built from recipe {shipped}, but the code's recipe is now "
-        f"{current} (the warm-up recipe, the model spec or the task data changed). Rebuild it "
-        f"with `{embedded.REFRESH_COMMAND}` and commit the directory."
-    )
-
-
 def test_shipped_model_loads_and_reproduces_its_recorded_accuracy():
     from transformers import AutoModelForCausalLM
 
-    from roll_ds.data.dataset import greedy_accuracy
-
-    path = embedded.SHIPPED_DIR
+    path = shipped_model(EMBEDDED_MODEL).path
     with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
         info = json.load(f)
     weights = os.path.join(path, "model.safetensors")
@@ -251,11 +241,11 @@ def test_shipped_model_loads_and_reproduces_its_recorded_accuracy():
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert sum(p.numel() for p in model.parameters()) == info["num_parameters"]
     assert tokenizer("12+34=")["input_ids"] == build_tokenizer()("12+34=")["input_ids"]
-    _, _, eval_rows = embedded._splits(embedded.DEFAULT_RECIPE)
+    _, _, eval_rows = policy._splits(policy.DEFAULT_RECIPE)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        accuracy = greedy_accuracy(model, tokenizer, eval_rows)
+        accuracy = policy.greedy_accuracy(model, tokenizer, eval_rows)
     finally:
         torch.set_num_threads(threads)
     # Greedy decoding of fixed fp32 weights; another CPU may flip a rare near-tie.
@@ -267,18 +257,18 @@ def test_write_shipped_replaces_the_directory(tmp_path):
     os.makedirs(target)
     with open(os.path.join(target, "leftover.txt"), "w") as f:
         f.write("from an older build")
-    info = embedded.write_shipped(target, TINY)
-    assert embedded.shipped_digest(target) == info["recipe_digest"] == TINY.digest()
+    info = write_shipped(target, TINY, policy.build)
+    assert shipped_digest(target) == info["recipe_digest"] == TINY.digest()
     assert "leftover.txt" not in os.listdir(target)
     for name in os.listdir(target):  # readable by everyone once committed and installed
         assert os.stat(os.path.join(target, name)).st_mode & 0o777 == 0o644, name
     assert sorted(os.listdir(tmp_path)) == ["shipped"]
-    assert embedded.shipped_digest(str(tmp_path / "absent")) is None
+    assert shipped_digest(str(tmp_path / "absent")) is None
 
 
 def test_importing_the_packages_stays_light():
     code = (
-        "import sys, roll_ds.models, roll_ds.data, roll_ds.data.synthetic;"
+        "import sys, roll_ds.models, roll_ds.models.shipped, roll_ds.data, roll_ds.data.dataset;"
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules];"
         "assert not heavy, heavy"
     )

@@ -1,14 +1,14 @@
-"""The embedded default model: a tiny Qwen2 shipped with the package, since no hub is reachable.
+"""The embedded default policy ``embedded:tiny-qwen2``: how the tiny Qwen2 that roll_ds ships in
+``roll_ds/models/embedded_tiny_qwen2/`` (about 2 MB) was built.
 
-Shipped in ``roll_ds/models/embedded_tiny_qwen2/`` (about 2 MB; ``roll_ds/models/shipped.py``
-finds it by name) rather than built on each machine, because the build is a long float
-computation on the CPU: another machine's rounding takes it down another training path to
-another model, and the default run's results with it. ``REFRESH_COMMAND`` rebuilds the shipped
-copy; a unit test fails while it was built from another recipe than this one.
+It is shipped rather than built on each machine because the build is a long float computation
+on the CPU: another machine's rounding takes it down another training path to another model, and
+the default run's results with it. ``python scripts/make_embedded.py --model policy`` rebuilds
+the shipped copy; a unit test fails while it was built from another recipe than this one.
 
-The build is a seeded init and then a short supervised warm-up on demonstrations of mixed
-quality: most demonstrations carry the domain's typical flaw (``synthetic.flawed_answer``: a
-sign slip in math, a reversal that stops one letter short). The model learns to do the task,
+The build is a seeded init (``tiny.py``) and then a short supervised warm-up on demonstrations
+of mixed quality: most demonstrations carry the domain's typical flaw (``synthetic.flawed_answer``:
+a sign slip in math, a reversal that stops one letter short). The model learns to do the task,
 but prefers the flawed answer, so its greedy held-out accuracy starts low while its samples
 often hold the right answer. That is the situation RL with verifiable rewards is for (imitation
 data of mixed quality, a verifier that knows better), at a size that trains in minutes on a CPU.
@@ -18,24 +18,28 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from examples.embedded_models.common import torch_threads, write_info
+from examples.embedded_models.synthetic import (
+    DOMAINS,
+    TaskSpec,
+    flawed_answer,
+    generate_domain,
+    to_jsonl,
+)
+from examples.embedded_models.tiny import TinyQwen2Spec
 from roll_ds.config.schema import EMBEDDED_MODEL
-from roll_ds.data.synthetic import DOMAINS, TaskSpec, generate_domain, to_jsonl
-from roll_ds.models.shipped import RECIPE_FILE, resolve_embedded, shipped_model
-from roll_ds.models.tiny import TinyQwen2Spec
+from roll_ds.data.dataset import answers_match
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-SHIPPED_DIR = shipped_model(EMBEDDED_MODEL).path
-REFRESH_COMMAND = shipped_model(EMBEDDED_MODEL).rebuild_command
+NAME = EMBEDDED_MODEL
 # Bump when the build code changes what a recipe produces (the task data is hashed separately).
 RECIPE_VERSION = 3
 
@@ -95,65 +99,28 @@ class WarmupRecipe:
 DEFAULT_RECIPE = WarmupRecipe()
 
 
-def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
-    """The recipe digest the shipped model was built from (None when it is absent)."""
-    try:
-        with open(os.path.join(shipped_dir, RECIPE_FILE), encoding="utf-8") as f:
-            return json.load(f)["recipe_digest"]
-    except FileNotFoundError:
-        return None
+def current_digest() -> str:
+    return DEFAULT_RECIPE.digest()
 
 
-def policy_model() -> tuple[str, str | None]:
-    """The embedded policy's directory and the recipe digest it was built from (what the
-    embedded reward and agent models start from)."""
-    path = resolve_embedded(EMBEDDED_MODEL)
-    return path, shipped_digest(path)
+def report(info: dict) -> str:
+    return (
+        f"{info['warmup']['steps']} warm-up steps, held-out greedy accuracy "
+        f"{info['warmup_eval_accuracy']}"
+    )
 
 
-def write_shipped(
-    shipped_dir: str = SHIPPED_DIR,
-    recipe: Any = DEFAULT_RECIPE,
-    build: Callable[[str, Any], dict] | None = None,
-) -> dict:
-    """Rebuild a shipped model from ``recipe`` with ``build`` (default: the policy's
-    ``build_model_dir``) and replace ``shipped_dir`` with it."""
-    parent = os.path.dirname(shipped_dir)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(shipped_dir)}.tmp-", dir=parent)
-    try:
-        os.chmod(tmp, 0o755)
-        info = (build or build_model_dir)(tmp, recipe)
-        for name in os.listdir(tmp):  # some writers create private files; these get committed
-            os.chmod(os.path.join(tmp, name), 0o644)
-        old = shipped_dir + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        if os.path.exists(shipped_dir):
-            os.rename(shipped_dir, old)
-        os.rename(tmp, shipped_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return info
-
-
-def build_model_dir(out_dir: str, recipe: WarmupRecipe) -> dict:
+def build(out_dir: str, recipe: WarmupRecipe = DEFAULT_RECIPE) -> dict:
     """Init, warm up, measure and save the model, tokenizer and ``roll_ds_recipe.json``."""
-    import torch
-
-    from roll_ds.models.tiny import build_tokenizer, init_model, save_tokenizer
+    from examples.embedded_models.tiny import build_tokenizer, init_model, save_tokenizer
 
     start = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe.num_threads)
-    try:
+    with torch_threads(recipe.num_threads):
         tokenizer = build_tokenizer()
         model = init_model(tokenizer, recipe.model, recipe.seed)
         train_rows, dev_rows, eval_rows = _splits(recipe)
         history = warm_up(model, tokenizer, train_rows, dev_rows, recipe)
         accuracy, skill = greedy_accuracy_and_skill(model, tokenizer, eval_rows)
-    finally:
-        torch.set_num_threads(threads)
     info = {
         "recipe": recipe.to_dict(),
         "recipe_digest": recipe.digest(),
@@ -165,9 +132,7 @@ def build_model_dir(out_dir: str, recipe: WarmupRecipe) -> dict:
     }
     model.save_pretrained(out_dir, safe_serialization=True)
     save_tokenizer(tokenizer, out_dir)
-    with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_info(out_dir, info)
     return info
 
 
@@ -191,13 +156,10 @@ def _splits(recipe: WarmupRecipe) -> tuple[list[dict], list[dict], list[dict]]:
 
 
 def greedy_accuracy_and_skill(
-    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, rows: list[dict]
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: list[dict]
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Greedy accuracy on ``rows``, and skill: the share answered right or with exactly the
     domain's flaw (``synthetic.flawed_answer``). Both as ``{"overall": a, "<domain>": a}``."""
-    from roll_ds.data.dataset import accuracy_by_domain, answers_match, greedy_responses
-    from roll_ds.data.synthetic import flawed_answer
-
     texts = greedy_responses(model, tokenizer, rows)
     right, skilled = [], []
     for row, text in zip(rows, texts, strict=True):
@@ -208,8 +170,8 @@ def greedy_accuracy_and_skill(
 
 
 def warm_up(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     train_rows: list[dict],
     dev_rows: list[dict],
     recipe: WarmupRecipe,
@@ -318,15 +280,13 @@ def _batch_loss(model, encoded: dict, domains: list[str], weights, recipe, gener
     return loss_sum / n_tokens
 
 
-def _encode_demos(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> tuple:
+def _encode_demos(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> tuple:
     """``_encode`` of every row's right demonstration followed by its flawed one."""
-    from roll_ds.data.synthetic import flawed_answer
-
     flawed = [{**r, "ground_truth": flawed_answer(r["domain"], r["ground_truth"])} for r in rows]
     return _encode(tokenizer, rows + flawed)
 
 
-def _encode(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> tuple:
+def _encode(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> tuple:
     """Right-padded ``(input_ids, labels, attention_mask)`` for ``prompt + answer + eos``; the
     labels are -100 outside the answer and eos, so only the response is learned."""
     import torch
@@ -345,3 +305,81 @@ def _encode(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> tuple:
         labels[i, n_prompt : len(ids)] = input_ids[i, n_prompt : len(ids)]
         attention_mask[i, : len(ids)] = 1
     return input_ids, labels, attention_mask
+
+
+# --- measuring (greedy, batched by prompt length) -----------------------------------------
+
+
+def greedy_responses(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> list[str]:
+    """``model``'s greedy response text to each row's prompt, in the order of ``rows``.
+
+    Prompts are batched by token length, so no batch needs padding and the result is the same
+    as one-by-one decoding (and as vLLM's greedy decoding of the same weights).
+    """
+    import torch
+
+    by_length: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        by_length[len(ids)].append((i, ids))
+    responses = [""] * len(rows)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for length in sorted(by_length):
+                items = by_length[length]
+                for start in range(0, len(items), batch_size):
+                    chunk = items[start : start + batch_size]
+                    input_ids = torch.tensor([ids for _, ids in chunk], dtype=torch.long)
+                    out = model.generate(
+                        input_ids=input_ids,
+                        attention_mask=torch.ones_like(input_ids),
+                        max_new_tokens=max_new_tokens,
+                        do_sample=False,
+                        eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id,
+                    )
+                    texts = tokenizer.batch_decode(out[:, length:], skip_special_tokens=True)
+                    for (i, _), text in zip(chunk, texts, strict=True):
+                        responses[i] = text
+    finally:
+        model.train(was_training)
+    return responses
+
+
+def accuracy_by_domain(rows: list[dict], hits: Iterable[bool]) -> dict[str, float]:
+    """``{"overall": a, "<domain>": a, ...}`` from one hit flag per row."""
+    by_domain: dict[str, list[bool]] = defaultdict(list)
+    for row, hit in zip(rows, hits, strict=True):
+        by_domain[row["domain"]].append(bool(hit))
+    result = {d: sum(v) / len(v) for d, v in sorted(by_domain.items())}
+    everything = [h for v in by_domain.values() for h in v]
+    result["overall"] = sum(everything) / max(len(everything), 1)
+    return result
+
+
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Iterable[dict],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Greedy accuracy of ``model`` on ``rows``: ``{"overall": a, "<domain>": a, ...}``."""
+    rows = list(rows)
+    texts = greedy_responses(
+        model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
+    pairs = zip(rows, texts, strict=True)
+    return accuracy_by_domain(
+        rows, [answers_match(t, r["ground_truth"], r["domain"]) for r, t in pairs]
+    )

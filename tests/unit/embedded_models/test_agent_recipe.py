@@ -1,6 +1,7 @@
-"""The embedded agent model: the shipped copy is current and loads with its chat template, its
-demonstrations are laid out exactly as the episode runner lays out episodes, and its recorded
-held-out success leaves RL something to learn."""
+"""The embedded agent model's recipe (examples/embedded_models/agent.py): the shipped copy loads
+with its chat template, its demonstrations are laid out exactly as the episode runner lays out
+episodes, and its recorded held-out success leaves RL something to learn. (That the shipped copy
+is current: test_recipe_digests.py.)"""
 
 from __future__ import annotations
 
@@ -10,42 +11,27 @@ from dataclasses import replace
 
 import pytest
 
-from roll_ds.config.schema import EMBEDDED_AGENT
-from roll_ds.models.embedded_agent import (
+from examples.embedded_models.agent import (
     AGENT_CHAT_TEMPLATE,
-    DEFAULT_AGENT_RECIPE,
+    DEFAULT_RECIPE,
     ENV_NAMES,
-    RECIPE_FILE,
-    SHIPPED_DIR,
-    _policy,
+    NAME,
     agent_tokenizer,
     demonstrations,
     encode_episode,
-    shipped_digest,
 )
+from examples.embedded_models.common import policy_model
+from roll_ds.models.shipped import RECIPE_FILE, shipped_model
 
-SMALL = replace(DEFAULT_AGENT_RECIPE, n_train=200)
+SHIPPED_DIR = shipped_model(NAME).path
+SMALL = replace(DEFAULT_RECIPE, n_train=200)
 
 
 @pytest.fixture(scope="module")
 def fmt():
     from roll_ds.agentic.chat import ChatFormat
 
-    return ChatFormat(agent_tokenizer(_policy()[0]))
-
-
-def test_shipped_agent_model_matches_the_recipe():
-    assert shipped_digest() == DEFAULT_AGENT_RECIPE.digest(_policy()[1]), (
-        "roll_ds/models/embedded_tiny_agent is stale: run python scripts/make_embedded_agent.py"
-    )
-    size = sum(os.path.getsize(os.path.join(SHIPPED_DIR, f)) for f in os.listdir(SHIPPED_DIR))
-    assert size < 2.2 * 2**20
-
-
-def test_embedded_name_resolves_to_the_shipped_model():
-    from roll_ds.models.shipped import resolve_pretrain
-
-    assert resolve_pretrain(EMBEDDED_AGENT) == SHIPPED_DIR
+    return ChatFormat(agent_tokenizer(policy_model()[0]))
 
 
 def test_shipped_model_loads_with_its_chat_template():
@@ -114,7 +100,7 @@ def test_demonstrations_are_of_mixed_quality():
 
 
 def test_digest_follows_the_recipe():
-    policy = _policy()[1]
+    policy = policy_model()[1]
     assert SMALL.digest(policy) == replace(SMALL).digest(policy)
     assert SMALL.digest(policy) != replace(SMALL, tool_fraction=0.5).digest(policy)
     assert SMALL.digest(policy) != SMALL.digest("another policy")

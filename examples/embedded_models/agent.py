@@ -1,4 +1,5 @@
-"""The embedded agent model ``embedded:tiny-agent``: the embedded policy warmed up on episodes.
+"""The embedded agent model ``embedded:tiny-agent``: the embedded policy warmed up on episodes
+(how the model roll_ds ships in ``roll_ds/models/embedded_tiny_agent/`` was built).
 
 It starts from the embedded policy (``embedded:tiny-qwen2``) and learns, supervised, from
 demonstration episodes of the two shipped environments (``roll_ds/agentic/envs/``), laid out
@@ -25,9 +26,8 @@ that a GRPO group of 8 holds both successes and failures. Its held-out greedy an
 allow it (the measurement uses ``max_new_tokens``).
 
 As with the other embedded models the build is a float computation whose result differs
-between machines, so the built directory is shipped in ``roll_ds/models/embedded_tiny_agent/``;
-``python scripts/make_embedded_agent.py`` rebuilds it; a unit test fails while the shipped copy
-is stale.
+between machines, so the built directory is shipped; ``python scripts/make_embedded.py --model
+agent`` rebuilds it; a unit test fails while the shipped copy is stale.
 """
 
 from __future__ import annotations
@@ -42,11 +42,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from roll_ds.config.schema import EMBEDDED_AGENT  # noqa: F401  (the name this model answers to)
+from examples.embedded_models.common import policy_model, torch_threads, write_info
+from roll_ds.config.schema import EMBEDDED_AGENT
 
-RECIPE_FILE = "roll_ds_recipe.json"
-SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_agent")
-REFRESH_COMMAND = "python scripts/make_embedded_agent.py"
+NAME = EMBEDDED_AGENT
 RECIPE_VERSION = 1
 
 AGENT_CHAT_TEMPLATE = (
@@ -120,29 +119,15 @@ def _digest(recipe: AgentRecipe, policy_digest: str | None) -> str:
     return blob.hexdigest()[:12]
 
 
-DEFAULT_AGENT_RECIPE = AgentRecipe()
+DEFAULT_RECIPE = AgentRecipe()
 
 
-# --- resolving -------------------------------------------------------------------------------
+def current_digest() -> str:
+    return DEFAULT_RECIPE.digest(policy_model()[1])
 
 
-def _policy() -> tuple[str, str | None]:
-    from roll_ds.models.embedded import policy_model
-
-    return policy_model()
-
-
-def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
-    from roll_ds.models import embedded
-
-    return embedded.shipped_digest(shipped_dir)
-
-
-def write_shipped(shipped_dir: str = SHIPPED_DIR) -> dict:
-    """Rebuild the shipped agent model and replace ``shipped_dir`` with it."""
-    from roll_ds.models import embedded
-
-    return embedded.write_shipped(shipped_dir, DEFAULT_AGENT_RECIPE, build=build_agent_model_dir)
+def report(info: dict) -> str:
+    return "held-out success:\n" + json.dumps(info["held_out"], indent=2)
 
 
 # --- demonstrations --------------------------------------------------------------------------
@@ -265,7 +250,7 @@ def agent_tokenizer(policy_dir: str) -> Any:
 def save_agent_tokenizer(tokenizer: Any, out_dir: str) -> None:
     """``save_pretrained`` (transformers 5 writes the template to ``chat_template.jinja``) with
     the chat template also in ``tokenizer_config.json``, where older readers look for it."""
-    from roll_ds.models.tiny import save_tokenizer
+    from examples.embedded_models.tiny import save_tokenizer
 
     save_tokenizer(tokenizer, out_dir)
     path = os.path.join(out_dir, "tokenizer_config.json")
@@ -277,7 +262,7 @@ def save_agent_tokenizer(tokenizer: Any, out_dir: str) -> None:
         f.write("\n")
 
 
-def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
+def build(out_dir: str, recipe: AgentRecipe = DEFAULT_RECIPE) -> dict:
     """Start from the embedded policy, warm up on the demonstrations, measure, save."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -285,10 +270,8 @@ def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
     from roll_ds.agentic.chat import ChatFormat
 
     start = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe.num_threads)
-    try:
-        policy_dir, policy_digest = _policy()
+    with torch_threads(recipe.num_threads):
+        policy_dir, policy_digest = policy_model()
         tokenizer = agent_tokenizer(policy_dir)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         fmt = ChatFormat(tokenizer)
@@ -299,8 +282,6 @@ def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
         }
         losses = warm_up(model, encoded, recipe)
         held_out = measure(model, fmt, recipe)
-    finally:
-        torch.set_num_threads(threads)
     lengths = [len(ids) for name in ENV_NAMES for ids, _ in encoded[name]]
     info = {
         "recipe": recipe.to_dict(),
@@ -314,9 +295,7 @@ def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
     }
     model.save_pretrained(out_dir, safe_serialization=True)
     save_agent_tokenizer(tokenizer, out_dir)
-    with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_info(out_dir, info)
     return info
 
 
