@@ -20,8 +20,8 @@ something to learn:
 The model learns all of these, and prefers the flawed ones: greedy, it mostly answers the
 product at once and counts up from 1, while its samples call the tool or search often enough
 that a GRPO group of 8 holds both successes and failures. Its held-out greedy and sampled
-(temperature 1) success per environment, measured with a small local episode loop (HF
-``generate``, the same token layout as the runner), is recorded in ``roll_ds_recipe.json``
+(temperature 1) success per environment, played by the framework's episode runner over HF
+``generate`` (``measure``), is recorded in ``roll_ds_recipe.json``
 (``held_out``). A compact ``calc`` call is 67 tokens: the runner's per-turn token limit must
 allow it (the measurement uses ``max_new_tokens``).
 
@@ -61,6 +61,7 @@ tool result ``<|im_start|>=text<|im_end|>``, an assistant turn its text and ``<|
 generation prompt (the policy speaks right after the last ``<|im_end|>``); ``tools`` unused."""
 
 ENV_NAMES = ("calculator", "guess_number")
+MAX_CONTEXT = 256  # the tiny Qwen2's max_position_embeddings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -372,99 +373,69 @@ def warm_up(model: Any, encoded: dict[str, list[tuple[list[int], list[int]]]], r
 
 
 def measure(model: Any, fmt: Any, recipe: AgentRecipe) -> dict:
-    """Held-out success per environment: greedy (one episode per seed) and sampled at
-    temperature 1 (``eval_samples`` per seed)."""
+    """Held-out success per environment, played by the framework's own episode runner
+    (``roll_ds.agentic.runner.EpisodeRunner``) with ``model`` as a local engine: greedy (one
+    episode per seed) and sampled at temperature 1 (``eval_samples`` per seed)."""
+    from roll_ds.agentic.env_pool import EnvTypeSpec, LocalEnvPool
+    from roll_ds.agentic.runner import EpisodeRunner, EpisodeSpec, TurnLimits
+
     seeds = list(range(recipe.eval_seed_start, recipe.eval_seed_start + recipe.n_eval))
     out = {}
     for k, name in enumerate(ENV_NAMES):
-        greedy = run_episodes(model, fmt, name, seeds, recipe, sample_seed=None)
-        sampled = run_episodes(
-            model, fmt, name, seeds * recipe.eval_samples, recipe, sample_seed=recipe.seed + k
-        )
-        out[name] = {"greedy": summarize(greedy), "sampled_t1": summarize(sampled)}
+        results = {}
+        for label, n, sampled in (("greedy", 1, False), ("sampled_t1", recipe.eval_samples, True)):
+            runner = EpisodeRunner(
+                tokenizer=fmt.tokenizer,
+                pool=LocalEnvPool({name: EnvTypeSpec(name, recipe.env_config(name))}, 30.0),
+                generate=local_engine(model, fmt, sampled),
+                limits={name: TurnLimits(recipe.max_turns, recipe.max_new_tokens)},
+                max_context_tokens=MAX_CONTEXT,
+            )
+            specs = [EpisodeSpec(i, i, name, seed) for i, seed in enumerate(seeds * n)]
+            results[label] = summarize(runner.run(specs, seed=recipe.seed + k)[0])
+        out[name] = results
     return out
 
 
-def summarize(episodes: list[dict]) -> dict:
+def summarize(episodes: list[Any]) -> dict:
     n = len(episodes)
     return {
         "episodes": n,
-        "success": round(sum(e["success"] for e in episodes) / n, 4),
-        "mean_turns": round(sum(e["turns"] for e in episodes) / n, 3),
-        "tool_calls_per_episode": round(sum(e["tool_calls"] for e in episodes) / n, 3),
-        "format_errors_per_episode": round(sum(e["format_errors"] for e in episodes) / n, 3),
-        "tool_errors_per_episode": round(sum(e["tool_errors"] for e in episodes) / n, 3),
+        "success": round(sum(e.success for e in episodes) / n, 4),
+        "mean_turns": round(sum(e.num_turns for e in episodes) / n, 3),
+        "tool_calls_per_episode": round(sum(e.tool_calls for e in episodes) / n, 3),
+        "format_errors_per_episode": round(sum(e.format_errors for e in episodes) / n, 3),
+        "tool_errors_per_episode": round(sum(e.tool_errors for e in episodes) / n, 3),
     }
 
 
-def run_episodes(
-    model: Any,
-    fmt: Any,
-    name: str,
-    seeds: list[int],
-    recipe: AgentRecipe,
-    sample_seed: int | None,
-    max_context: int = 256,
-) -> list[dict]:
-    """Play one episode per seed, all together: each turn is one ``generate`` call over the
-    running episodes (left-padded), at most ``recipe.max_new_tokens`` tokens ending at
-    ``<|im_end|>``; the decoded turn goes to ``env.step`` and the observation's tokens are
-    appended, as the runner does. ``sample_seed`` None: greedy, else temperature 1."""
+def local_engine(model: Any, fmt: Any, sampled: bool) -> Callable:
+    """The runner's ``generate`` (token ids in, ids out) over HF ``generate`` on ``model``:
+    left-padded contexts, each turn cut at its ``<|im_end|>`` or its token limit; greedy, or
+    temperature 1 seeded by the runner's per-turn seed. Log-probs are not needed here (zeros)."""
     import torch
 
-    from roll_ds.agentic.env import as_messages
+    pad, eos = fmt.tokenizer.pad_token_id, fmt.eos_id
+    sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
-    envs = [make_env(name, recipe) for _ in seeds]
-    contexts = [
-        fmt.prompt_ids(as_messages(env.reset(s))) for env, s in zip(envs, seeds, strict=True)
-    ]
-    stats = [
-        {"success": False, "turns": 0, "tool_calls": 0, "format_errors": 0, "tool_errors": 0}
-        for _ in seeds
-    ]
-    running = list(range(len(seeds)))
-    pad = fmt.tokenizer.pad_token_id
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(sample_seed or 0)
-        for _ in range(recipe.max_turns):
-            running = [
-                i for i in running if len(contexts[i]) + recipe.max_new_tokens <= max_context
-            ]
-            if not running:
-                break
-            width = max(len(contexts[i]) for i in running)
-            ids = torch.tensor([[pad] * (width - len(contexts[i])) + contexts[i] for i in running])
-            mask = torch.tensor(
-                [[0] * (width - len(contexts[i])) + [1] * len(contexts[i]) for i in running]
-            )
-            sampling = (
-                {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
-                if sample_seed is not None
-                else {"do_sample": False}
-            )
+    def generate(contexts, max_new_tokens, rows, seed):
+        width = max(len(c) for c in contexts)
+        ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                max_new_tokens=recipe.max_new_tokens,
-                eos_token_id=fmt.eos_id,
+                max_new_tokens=max(max_new_tokens),
+                eos_token_id=eos,
                 pad_token_id=pad,
-                **sampling,
+                **(sampling if sampled else {"do_sample": False}),
             )
-            still = []
-            for row, i in enumerate(running):
-                turn = out[row, width:].tolist()
-                closed = fmt.eos_id in turn
-                turn = turn[: turn.index(fmt.eos_id) + 1] if closed else turn
-                result = envs[i].step(fmt.decode(turn))
-                s = stats[i]
-                s["turns"] += 1
-                s["success"] = s["success"] or bool(result.info.get("success", False))
-                s["tool_calls"] += int(result.info.get("tool_calls", 0))
-                s["format_errors"] += int(bool(result.info.get("format_error", False)))
-                s["tool_errors"] += int(bool(result.info.get("tool_error", False)))
-                if not result.done:
-                    obs = fmt.observation_ids(as_messages(result.observation), closed=closed)
-                    contexts[i] = contexts[i] + turn + obs
-                    still.append(i)
-            running = still
-    return stats
+        turns = []
+        for row, limit in enumerate(max_new_tokens):
+            turn = out[row, width:].tolist()[:limit]
+            turns.append(turn[: turn.index(eos) + 1] if eos in turn else turn)
+        return {"response_ids": turns, "rollout_logprobs": [[0.0] * len(t) for t in turns]}
+
+    return generate

@@ -104,3 +104,43 @@ def test_digest_follows_the_recipe():
     assert SMALL.digest(policy) == replace(SMALL).digest(policy)
     assert SMALL.digest(policy) != replace(SMALL, tool_fraction=0.5).digest(policy)
     assert SMALL.digest(policy) != SMALL.digest("another policy")
+
+
+@pytest.fixture(scope="module")
+def shipped_agent():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roll_ds.agentic.chat import ChatFormat
+
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR, dtype=torch.float32).eval()
+    return model, ChatFormat(agent_tokenizer(SHIPPED_DIR))
+
+
+def test_local_engine_turns_end_at_their_eos_or_limit_and_ignore_padding(shipped_agent):
+    from examples.embedded_models.agent import local_engine
+
+    model, fmt = shipped_agent
+    contexts = [fmt.prompt_ids([{"role": "user", "content": t}]) for t in ("6*7=", "Guess 1-32.")]
+    generate = local_engine(model, fmt, sampled=False)
+    both = generate(contexts, [80, 3], [0, 1], 0)["response_ids"]
+    alone = [generate([c], [80], [0], 0)["response_ids"][0] for c in contexts]
+    assert both[0] == alone[0] and both[1] == alone[1][:3]  # left padding changes nothing
+    assert both[0][-1] == fmt.eos_id and fmt.eos_id not in both[0][:-1]
+    sampled = local_engine(model, fmt, sampled=True)
+    out = sampled(contexts, [80, 80], [0, 1], 5)
+    assert out == sampled(contexts, [80, 80], [0, 1], 5)  # seeded by the runner's turn seed
+    assert [len(x) for x in out["rollout_logprobs"]] == [len(x) for x in out["response_ids"]]
+
+
+def test_held_out_measurement_plays_the_runner_deterministically(shipped_agent):
+    from examples.embedded_models.agent import measure
+
+    model, fmt = shipped_agent
+    recipe = replace(DEFAULT_RECIPE, n_eval=6, eval_samples=2)
+    held_out = measure(model, fmt, recipe)
+    assert held_out == measure(model, fmt, recipe)
+    for name in ENV_NAMES:
+        assert held_out[name]["greedy"]["episodes"] == 6
+        assert held_out[name]["sampled_t1"]["episodes"] == 12
+        assert 1 <= held_out[name]["greedy"]["mean_turns"] <= recipe.max_turns
