@@ -67,3 +67,11 @@ def test_local_paths_pass_through_and_unknown_names_fail(tmp_path):
     # a role's model_name_or_path: hub ids go to transformers as they are
     assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
     assert resolve_model_path(str(tmp_path)) == str(tmp_path)
+
+
+def test_every_shipped_directory_is_installed_with_the_package():
+    tomllib = pytest.importorskip("tomllib")
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["roll_ds.models"]
+    assert sorted(data) == sorted(f"{m.directory}/*" for m in SHIPPED_MODELS.values())
