@@ -50,7 +50,7 @@ def main() -> None:
 
     from roll_ds.agentic.env_pool import EnvTypeSpec, LocalEnvPool
     from roll_ds.agentic.runner import EpisodeRunner, EpisodeSpec, TurnLimits, episode_metrics
-    from roll_ds.models.embedded import resolve_pretrain
+    from roll_ds.models.shipped import resolve_pretrain
     from strategies.vllm import VllmStrategy
 
     torch.set_num_threads(1)

@@ -45,7 +45,7 @@ def build_medium_model(cache: Path) -> str:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from roll_ds.models.embedded import resolve_pretrain
+    from roll_ds.models.shipped import resolve_pretrain
 
     path = cache / "qwen2-20m"
     if (path / "config.json").is_file():

@@ -157,7 +157,7 @@ def measure(names: list[str], model_dir: str, args: argparse.Namespace, batch: d
 
 def model_dir_for(name: str, cache: Path) -> str:
     if name == "embedded":
-        from roll_ds.models.embedded import resolve_pretrain
+        from roll_ds.models.shipped import resolve_pretrain
 
         return resolve_pretrain("embedded:tiny-qwen2")
     from benchmarks.rlvr_step import build_medium_model

@@ -297,8 +297,8 @@ def build_trainer(
     from peft import TaskType
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from roll_ds.models.embedded import resolve_pretrain
     from roll_ds.models.loading import lora_config
+    from roll_ds.models.shipped import resolve_pretrain
     from roll_ds.models.tensors import torch_dtype
 
     args = trl.GRPOConfig(

@@ -4,8 +4,8 @@
     python scripts/make_task_data.py            # regenerate the files
     python scripts/make_task_data.py --check    # exit 1 if a shipped file differs
 
-Re-running reproduces identical bytes: rows come from roll_ds.data.synthetic with the default
-TaskSpec (seed 0), which is also what the embedded model's warm-up trains on.
+Re-running reproduces identical bytes: rows come from examples/embedded_models/synthetic.py with
+the default TaskSpec (seed 0), which is also what the embedded model's warm-up trains on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from roll_ds.data.synthetic import TaskSpec, file_name, generate_all, to_jsonl
+from examples.embedded_models.synthetic import TaskSpec, file_name, generate_all, to_jsonl
 
 DEFAULT_OUT = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "examples", "qwen_rlvr", "data"

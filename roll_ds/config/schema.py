@@ -19,11 +19,11 @@ from omegaconf import MISSING
 from roll_ds.config.agentic import AgenticConfig, EnvManagerConfig, EnvSpecConfig
 
 EMBEDDED_MODEL = "embedded:tiny-qwen2"
-"""``pretrain`` value that makes roll_ds build (and cache) its own tiny Qwen2 model."""
+"""``pretrain`` of the tiny Qwen2 policy shipped with roll_ds (roll_ds/models/shipped.py)."""
 EMBEDDED_RM = "embedded:tiny-rm"
-"""``model_name_or_path`` of the embedded reward model (roll_ds/models/embedded_rm.py)."""
+"""``model_name_or_path`` of the embedded reward model (shipped, like the policy)."""
 EMBEDDED_AGENT = "embedded:tiny-agent"
-"""``pretrain`` of the embedded agent model (roll_ds/models/embedded_agent.py): the embedded
+"""``pretrain`` of the embedded agent model (shipped, like the policy): the embedded
 policy warmed up on episodes of the shipped environments, with a chat template."""
 
 DTYPES = ("fp32", "bf16", "fp16")

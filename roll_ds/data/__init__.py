@@ -1,4 +1,4 @@
-"""Task data: jsonl loading and validation, and the synthetic verifiable tasks.
+"""Task data: jsonl loading and validation, sources, row mapping, prompts, sampling.
 
 Importing this package is light (no torch / transformers).
 """

@@ -1,4 +1,4 @@
-"""Task rows from jsonl files: loading, validation, and a greedy-accuracy check.
+"""Task rows from jsonl files: loading and validation.
 
 A row is ``{"id": str, "domain": str, "prompt": str, "ground_truth": str}``; ``prompt`` and
 ``ground_truth`` are required, ``domain`` falls back to the configured default and ``id`` to
@@ -7,7 +7,7 @@ raises one ``DatasetFormatError`` naming the file and line of each. Records of a
 (``question`` / ``answer``, chat ``messages``) map onto rows by a ``RowSpec`` (``rows.py``);
 ``sources.py`` reads .json / .parquet files and directories with ``datasets``.
 
-Importing this module does not import torch; only the greedy decoding helpers need it.
+Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -15,14 +15,8 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from collections import defaultdict
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from roll_ds.data.rows import RowSpec, to_row
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MAX_LISTED_PROBLEMS = 20
 
@@ -101,78 +95,3 @@ def answers_match(response: str, ground_truth: str, domain: str) -> bool:
         except ValueError:
             return False
     return False
-
-
-def greedy_responses(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    rows: list[dict],
-    *,
-    max_new_tokens: int = 8,
-    batch_size: int = 256,
-) -> list[str]:
-    """``model``'s greedy response text to each row's prompt, in the order of ``rows``.
-
-    Prompts are batched by token length, so no batch needs padding and the result is the same
-    as one-by-one decoding (and as vLLM's greedy decoding of the same weights).
-    """
-    import torch
-
-    by_length: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
-    for i, row in enumerate(rows):
-        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        by_length[len(ids)].append((i, ids))
-    responses = [""] * len(rows)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for length in sorted(by_length):
-                items = by_length[length]
-                for start in range(0, len(items), batch_size):
-                    chunk = items[start : start + batch_size]
-                    input_ids = torch.tensor([ids for _, ids in chunk], dtype=torch.long)
-                    out = model.generate(
-                        input_ids=input_ids,
-                        attention_mask=torch.ones_like(input_ids),
-                        max_new_tokens=max_new_tokens,
-                        do_sample=False,
-                        eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id,
-                    )
-                    texts = tokenizer.batch_decode(out[:, length:], skip_special_tokens=True)
-                    for (i, _), text in zip(chunk, texts, strict=True):
-                        responses[i] = text
-    finally:
-        model.train(was_training)
-    return responses
-
-
-def accuracy_by_domain(rows: list[dict], hits: Iterable[bool]) -> dict[str, float]:
-    """``{"overall": a, "<domain>": a, ...}`` from one hit flag per row."""
-    by_domain: dict[str, list[bool]] = defaultdict(list)
-    for row, hit in zip(rows, hits, strict=True):
-        by_domain[row["domain"]].append(bool(hit))
-    result = {d: sum(v) / len(v) for d, v in sorted(by_domain.items())}
-    everything = [h for v in by_domain.values() for h in v]
-    result["overall"] = sum(everything) / max(len(everything), 1)
-    return result
-
-
-def greedy_accuracy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    rows: Iterable[dict],
-    *,
-    max_new_tokens: int = 8,
-    batch_size: int = 256,
-) -> dict[str, float]:
-    """Greedy accuracy of ``model`` on ``rows``: ``{"overall": a, "<domain>": a, ...}``."""
-    rows = list(rows)
-    texts = greedy_responses(
-        model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size
-    )
-    pairs = zip(rows, texts, strict=True)
-    return accuracy_by_domain(
-        rows, [answers_match(t, r["ground_truth"], r["domain"]) for r, t in pairs]
-    )

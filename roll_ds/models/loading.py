@@ -1,40 +1,30 @@
 """Load an HF causal LM for a role: dtype, attention implementation, optional ZeRO-3 sharded
 construction, LoRA through peft.
 
-``pretrain`` values of the form ``embedded:<name>`` are the built-in tiny models, each built and
-cached on first use by its own module, found by name in ``EMBEDDED_MODELS`` (so the embedded
-policy, reward model and agent resolve names without importing each other); anything else is a
-local directory or a hub id that transformers resolves itself.
+``pretrain`` values of the form ``embedded:<name>`` are the tiny models shipped with the package
+(``roll_ds/models/shipped.py``); anything else is a local directory or a hub id that transformers
+resolves itself.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from roll_ds.config.schema import ATTN_IMPLEMENTATIONS, EMBEDDED_AGENT, EMBEDDED_MODEL, EMBEDDED_RM
-from roll_ds.registry import Registry
+from roll_ds.config.schema import ATTN_IMPLEMENTATIONS
+from roll_ds.models.shipped import EMBEDDED_PREFIX, resolve_embedded
 
 if TYPE_CHECKING:
     import torch
     from peft import PeftModel
     from transformers import PreTrainedModel
 
-EMBEDDED_PREFIX = "embedded:"
-
-# ``embedded:<name>`` -> ``"module:function"``: ``function(cache_dir=None)`` returns the model's
-# directory, building it into the cache the first time.
-EMBEDDED_MODELS: Registry[Callable[..., str]] = Registry("embedded model")
-EMBEDDED_MODELS.register_lazy(EMBEDDED_MODEL, "roll_ds.models.embedded:resolve_policy_model")
-EMBEDDED_MODELS.register_lazy(EMBEDDED_RM, "roll_ds.models.embedded_rm:resolve_reward_model")
-EMBEDDED_MODELS.register_lazy(EMBEDDED_AGENT, "roll_ds.models.embedded_agent:resolve_agent_model")
-
 
 def resolve_model_path(name_or_path: str) -> str:
-    """A directory or hub id transformers can load; ``embedded:*`` is built on first use."""
+    """A directory or hub id transformers can load; ``embedded:*`` is its shipped directory."""
     if name_or_path.startswith(EMBEDDED_PREFIX):
-        return EMBEDDED_MODELS.get(name_or_path)()
+        return resolve_embedded(name_or_path)
     return name_or_path
 
 

@@ -21,7 +21,7 @@ from roll_ds.agentic.env_pool import EnvTypeSpec, LocalEnvPool, RayEnvPool
 from roll_ds.algorithms.turns import per_turn_advantages
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
-from roll_ds.models.embedded import resolve_pretrain
+from roll_ds.models.shipped import resolve_pretrain
 from roll_ds.pipeline.episode_phase import EpisodePhase, episode_specs, train_seeds
 from roll_ds.pipeline.episode_queue import EpisodeQueue
 from roll_ds.pipeline.rlvr import RLVRPipeline

@@ -28,7 +28,7 @@ from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.sampler import PromptSampler
 from roll_ds.distributed.batch import Batch
 from roll_ds.export import export_run_step, hf_step_dir
-from roll_ds.models.embedded import resolve_pretrain
+from roll_ds.models.shipped import resolve_pretrain
 from roll_ds.pipeline.batch_advantages import batch_advantages, mismatch_metrics
 from roll_ds.pipeline.colocation import GENERATE, TRAIN, Choreography, ColocationPlan
 from roll_ds.pipeline.evaluation import evaluate_policy

@@ -51,10 +51,10 @@ def chat_policy(tmp_path_factory) -> str:
 
     from transformers import AutoTokenizer
 
-    from roll_ds.models.embedded import SHIPPED_DIR
+    from roll_ds.models.shipped import EMBEDDED_MODEL, resolve_embedded
 
     path = tmp_path_factory.mktemp("chat_policy") / "model"
-    shutil.copytree(SHIPPED_DIR, path)
+    shutil.copytree(resolve_embedded(EMBEDDED_MODEL), path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(path)

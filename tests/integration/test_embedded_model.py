@@ -1,5 +1,7 @@
-"""Build the embedded default model for real (the build code path: ``resolve_pretrain`` returns the
-shipped copy instead), check its accuracy, and serve it with vLLM."""
+"""The embedded default model: vLLM serves the shipped copy and stops at eos; and (slow tier) a
+real build from its recipe (examples/embedded_models/policy.py, what
+``python scripts/make_embedded.py --model policy`` runs; runs load the shipped copy) learns the
+task but prefers the flaw."""
 
 from __future__ import annotations
 
@@ -9,14 +11,17 @@ import time
 
 import pytest
 
-from roll_ds.data.dataset import greedy_accuracy, load_jsonl_rows
-from roll_ds.models.embedded import (
+from examples.embedded_models.policy import (
     DEFAULT_RECIPE,
-    RECIPE_FILE,
-    SHIPPED_DIR,
-    ensure_built,
+    NAME,
+    build,
+    greedy_accuracy,
     greedy_accuracy_and_skill,
 )
+from roll_ds.data.dataset import load_jsonl_rows
+from roll_ds.models.shipped import RECIPE_FILE, shipped_model
+
+SHIPPED_DIR = shipped_model(NAME).path
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +40,8 @@ def eval_rows():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     start = time.perf_counter()
-    target = str(tmp_path_factory.mktemp("cache") / f"tiny-qwen2-{DEFAULT_RECIPE.digest()}")
-    path = ensure_built(target, DEFAULT_RECIPE)
+    path = str(tmp_path_factory.mktemp("built"))
+    build(path, DEFAULT_RECIPE)
     with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
         info = json.load(f)
     with open(os.path.join(SHIPPED_DIR, "model.safetensors"), "rb") as f:
@@ -52,6 +57,7 @@ def built(tmp_path_factory):
     return path, info
 
 
+@pytest.mark.slow  # a full warm-up: minutes of CPU, and only a rebuild runs it
 def test_warmup_learns_the_task_but_prefers_the_flaw(built, eval_rows):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -77,7 +83,7 @@ def test_warmup_learns_the_task_but_prefers_the_flaw(built, eval_rows):
     assert measured_skill == pytest.approx(skill, abs=0.02)
 
 
-def test_vllm_serves_the_model_and_stops_at_eos(built, eval_rows, monkeypatch):
+def test_vllm_serves_the_model_and_stops_at_eos(eval_rows, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,7 +91,7 @@ def test_vllm_serves_the_model_and_stops_at_eos(built, eval_rows, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     from vllm import LLM, SamplingParams
 
-    path, _ = built
+    path = SHIPPED_DIR
     rows = eval_rows[:12] + eval_rows[-12:]
     llm = LLM(model=path, dtype="float32", max_model_len=256, seed=0, enforce_eager=True)
     outputs = llm.generate(

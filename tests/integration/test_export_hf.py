@@ -24,7 +24,7 @@ from _train_helpers import make_strategy, nll_loss, rank_batch
 from roll_ds.checkpoint import COMPLETE, LATEST, STATE_FILE
 from roll_ds.config.compose import PROJECT_ROOT
 from roll_ds.export import ExportInfo
-from roll_ds.models.embedded import EMBEDDED_MODEL, resolve_pretrain
+from roll_ds.models.shipped import EMBEDDED_MODEL, resolve_pretrain
 
 pytestmark = pytest.mark.integration
 

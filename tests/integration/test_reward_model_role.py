@@ -54,7 +54,7 @@ def test_embedded_rm_prefers_right_answers_on_average(rm_strategy):
     answers outscore the typical flaws (sign slip, reversal one short) more often than not."""
     from transformers import AutoTokenizer
 
-    from roll_ds.data.synthetic import TaskSpec, flawed_answer, generate_domain
+    from examples.embedded_models.synthetic import TaskSpec, flawed_answer, generate_domain
 
     tokenizer = AutoTokenizer.from_pretrained(rm_strategy.model_path)
     scorer = StrategyTextScorer(rm_strategy, tokenizer)

@@ -1,7 +1,8 @@
 """The core never imports the backends: no module under ``roll_ds/`` imports ``strategies``
 (anywhere: module level, inside a function, under ``TYPE_CHECKING``). The core reaches a backend
-only by name, through ``roll_ds.strategy.STRATEGY_SPECS``. Read from the source; nothing is
-imported."""
+only by name, through ``roll_ds.strategy.STRATEGY_SPECS``. Nor does it import ``examples`` or
+``scripts`` (the embedded models' recipes live there; runs load the shipped models). Read from
+the source; nothing is imported."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "roll_ds"
 BACKENDS = "strategies"
+OUTSIDE = ("examples", "scripts")  # the repository's recipes and tools, not installed
 
 
-def backend_imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
-    """``module:line  statement`` for each import of ``strategies`` in the file at ``path``
-    (``root``: the folder the dotted module name starts from)."""
+def backend_imports(
+    path: Path, root: Path = PACKAGE.parent, packages: tuple[str, ...] = (BACKENDS,)
+) -> list[str]:
+    """``module:line  statement`` for each import of ``packages`` (default: ``strategies``) in
+    the file at ``path`` (``root``: the folder the dotted module name starts from)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     module = ".".join(path.relative_to(root).with_suffix("").parts)
     found = []
@@ -25,7 +29,7 @@ def backend_imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
             names = [node.module]
         else:
             continue
-        if any(name.split(".")[0] == BACKENDS for name in names):
+        if any(name.split(".")[0] in packages for name in names):
             found.append(f"{module}:{node.lineno}  {ast.unparse(node)}")
     return found
 
@@ -37,6 +41,15 @@ def test_no_core_module_imports_strategies():
     assert not found, (
         "roll_ds/ must not import strategies/ (register the backend by name in "
         "roll_ds/strategy.py, or move the helper into the core):\n  " + "\n  ".join(found)
+    )
+
+
+def test_no_core_module_imports_examples_or_scripts():
+    files = sorted(PACKAGE.rglob("*.py"))
+    found = [line for path in files for line in backend_imports(path, packages=OUTSIDE)]
+    assert not found, (
+        "roll_ds/ must not import examples/ or scripts/ (they are not installed with the "
+        "package; move what the core needs into it):\n  " + "\n  ".join(found)
     )
 
 

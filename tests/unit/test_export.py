@@ -23,7 +23,7 @@ from roll_ds.export import (
     main,
     publish_dir,
 )
-from roll_ds.models.embedded import EMBEDDED_MODEL, resolve_pretrain
+from roll_ds.models.shipped import EMBEDDED_MODEL, resolve_pretrain
 
 LORA = {"rank": 4, "alpha": 8, "dropout": 0.0, "target": "all-linear"}
 ATOL = 1e-5  # fp32 logits, same weights, merged vs unmerged LoRA

@@ -44,7 +44,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # save, and ``python -m roll_ds.export`` runs it
     ("models / algorithms", ("roll_ds.models", "roll_ds.algorithms", "roll_ds.export")),
     ("strategy contracts", ("roll_ds.strategy",)),
-    # the embedded tiny models build themselves from data/ and agentic/ tasks: they sit there
     (
         "weight_sync / distributed / rewards / data / agentic",
         (
@@ -54,9 +53,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "roll_ds.data",
             "roll_ds.agentic",
             "roll_ds.threads",
-            "roll_ds.models.embedded",
-            "roll_ds.models.embedded_rm",
-            "roll_ds.models.embedded_agent",
         ),
     ),
     ("strategies", ("strategies",)),

@@ -157,7 +157,7 @@ def stream_problems(cfg: RLVRConfig) -> list[str]:
 
 
 EMBEDDED_NAMES = (EMBEDDED_MODEL, EMBEDDED_RM, EMBEDDED_AGENT)
-"""The ``embedded:`` model names ``roll_ds.models.embedded.resolve_pretrain`` knows."""
+"""The ``embedded:`` model names ``roll_ds.models.shipped.SHIPPED_MODELS`` ships."""
 
 
 def model_path_problem(field: str, path: str, embedded: str = EMBEDDED_MODEL) -> str | None:

@@ -15,7 +15,7 @@ from roll_ds.agentic.env_pool import EnvTypeSpec, LocalEnvPool
 from roll_ds.agentic.episode import CONTEXT_LIMIT, DONE, ENV_ERROR, ENV_TIMEOUT, MAX_TURNS
 from roll_ds.agentic.registry import ENVS
 from roll_ds.agentic.runner import EpisodeRunner, EpisodeSpec, TurnLimits, episode_metrics
-from roll_ds.models.embedded import SHIPPED_DIR
+from roll_ds.models.shipped import EMBEDDED_MODEL, resolve_embedded
 
 TEMPLATE = (
     "{%- for m in messages -%}{%- if m['role'] == 'assistant' -%}{{ m['content'] }}<|im_end|>"
@@ -26,7 +26,7 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tok = AutoTokenizer.from_pretrained(SHIPPED_DIR)
+    tok = AutoTokenizer.from_pretrained(resolve_embedded(EMBEDDED_MODEL))
     tok.chat_template = TEMPLATE
     return tok
 

@@ -44,7 +44,7 @@ def _json_array(path: Path, records: list) -> Path:
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from roll_ds.models.embedded import resolve_pretrain
+    from roll_ds.models.shipped import resolve_pretrain
 
     return AutoTokenizer.from_pretrained(resolve_pretrain("embedded:tiny-qwen2"))
 

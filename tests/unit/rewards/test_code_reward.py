@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
+from examples.embedded_models.synthetic_code import TEMPLATES, CodeTaskSpec, code_problems
 from roll_ds.config import load_config
 from roll_ds.config.validate import ConfigError
-from roll_ds.data.synthetic_code import TEMPLATES, CodeTaskSpec, code_problems
 from roll_ds.rewards.base import RewardSample
 from roll_ds.rewards.code_reward import (
     CodeReward,

@@ -1,5 +1,5 @@
-"""The embedded tiny Qwen2: tokenizer, config invariants, deterministic builds, the shipped model,
-resolve_pretrain."""
+"""The embedded tiny Qwen2's recipe (examples/embedded_models/policy.py, tiny.py): tokenizer,
+config invariants, deterministic builds, the warm-up, and the shipped model it made."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from dataclasses import replace
 
 import pytest
@@ -15,10 +14,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from roll_ds.data.synthetic import TaskSpec, flawed_answer
-from roll_ds.models import embedded
-from roll_ds.models.embedded import EMBEDDED_MODEL, RECIPE_FILE, WarmupRecipe, resolve_pretrain
-from roll_ds.models.tiny import (
+from examples.embedded_models import policy
+from examples.embedded_models.common import shipped_digest, write_shipped
+from examples.embedded_models.policy import WarmupRecipe
+from examples.embedded_models.synthetic import TaskSpec, flawed_answer
+from examples.embedded_models.tiny import (
     EOS_TOKEN,
     PAD_TOKEN,
     TinyQwen2Spec,
@@ -26,6 +26,8 @@ from roll_ds.models.tiny import (
     init_model,
     save_tokenizer,
 )
+from roll_ds.config.schema import EMBEDDED_MODEL
+from roll_ds.models.shipped import RECIPE_FILE, shipped_model
 
 TEXTS = ["12+34=", "reverse abc=cba", "  two  spaces\nand\ttabs ", "héllo ∑ 😀", "don't"]
 # A cheap recipe: a couple of warm-up steps on a few rows.
@@ -110,7 +112,10 @@ def test_init_is_deterministic_by_seed(tokenizer):
 
 
 def test_build_is_deterministic(tmp_path):
-    dirs = [resolve_pretrain(EMBEDDED_MODEL, str(tmp_path / name), recipe=TINY) for name in "ab"]
+    dirs = [str(tmp_path / name) for name in "ab"]
+    for d in dirs:
+        os.makedirs(d)
+        policy.build(d, TINY)
     tensors = [load_file(os.path.join(d, "model.safetensors")) for d in dirs]
     assert tensors[0].keys() == tensors[1].keys()
     assert all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])
@@ -131,83 +136,47 @@ def test_build_is_deterministic(tmp_path):
     }
 
 
-def test_resolve_pretrain_cache_layout_and_reuse(tmp_path, monkeypatch):
-    monkeypatch.setenv("ROLL_DS_CACHE", str(tmp_path))
-    path = resolve_pretrain(EMBEDDED_MODEL, recipe=TINY)
-    assert os.path.dirname(path) == str(tmp_path / "models")
-    assert os.path.basename(path) == f"tiny-qwen2-{TINY.digest()}"
-    stamp = os.stat(os.path.join(path, "model.safetensors")).st_mtime_ns
-    assert resolve_pretrain(EMBEDDED_MODEL, recipe=TINY) == path
-    assert os.stat(os.path.join(path, "model.safetensors")).st_mtime_ns == stamp
+def test_digest_follows_the_recipe():
+    assert TINY.digest() == WarmupRecipe(**{**TINY.__dict__}).digest()
     assert TINY.digest() != replace(TINY, max_steps=3).digest()
-    assert not [n for n in os.listdir(tmp_path / "models") if ".tmp-" in n]
 
 
-def test_a_killed_build_is_cleaned_up_and_rebuilt(tmp_path):
-    target = os.path.join(tmp_path, "models", f"tiny-qwen2-{TINY.digest()}")
-    stale = os.path.join(tmp_path, "models", f".tiny-qwen2-{TINY.digest()}.tmp-dead")
-    os.makedirs(stale)  # what a builder killed mid-build leaves behind
-    assert resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY) == target
-    assert not os.path.exists(stale)
+def test_a_failed_rebuild_keeps_the_shipped_directory(tmp_path):
+    target = str(tmp_path / "shipped")
+    os.makedirs(target)
+    with open(os.path.join(target, RECIPE_FILE), "w") as f:
+        f.write('{"recipe_digest": "kept"}')
 
-
-def test_concurrent_builders_build_once(tmp_path, monkeypatch):
-    calls = []
-    real_build = embedded.build_model_dir
-
-    def counting_build(out_dir, recipe):
-        calls.append(out_dir)
-        return real_build(out_dir, recipe)
-
-    monkeypatch.setattr(embedded, "build_model_dir", counting_build)
-    results = []
-    threads = [
-        threading.Thread(
-            target=lambda: results.append(
-                resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
-            )
-        )
-        for _ in range(3)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(calls) == 1 and len(results) == 3 and len(set(results)) == 1
-
-
-def test_failed_build_leaves_no_directory(tmp_path, monkeypatch):
     def broken_build(out_dir, recipe):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(embedded, "build_model_dir", broken_build)
     with pytest.raises(RuntimeError, match="boom"):
-        resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
-    assert [n for n in os.listdir(tmp_path / "models") if not n.endswith(".lock")] == []
+        write_shipped(target, TINY, broken_build)
+    assert os.listdir(tmp_path) == ["shipped"] and shipped_digest(target) == "kept"
 
 
 def test_warmup_learns_from_the_shipped_train_files_and_stops_on_fresh_dev_rows():
     data_dir = os.path.join(
         os.path.dirname(__file__), "..", "..", "..", "examples", "qwen_rlvr", "data"
     )
-    train, dev, held_out = embedded._splits(embedded.DEFAULT_RECIPE)
+    train, dev, held_out = policy._splits(policy.DEFAULT_RECIPE)
     for split, rows in (("train", train), ("eval", held_out)):
         shipped = []
         for domain in ("math", "reverse"):
             with open(os.path.join(data_dir, f"{domain}_{split}.jsonl"), encoding="utf-8") as f:
                 shipped += [json.loads(line) for line in f]
         assert rows == shipped
-    assert len(dev) == 2 * embedded.DEFAULT_RECIPE.n_dev
+    assert len(dev) == 2 * policy.DEFAULT_RECIPE.n_dev
     assert not {r["prompt"] for r in dev} & {r["prompt"] for r in train + held_out}
 
 
 def test_domain_shares_favour_the_domain_furthest_below_the_target():
     base = torch.tensor([0.85, 0.15], dtype=torch.float64)
-    target = embedded.DEFAULT_RECIPE.target_skill
-    shares = embedded._domain_shares(base, [0.0, 0.0], embedded.DEFAULT_RECIPE)
+    target = policy.DEFAULT_RECIPE.target_skill
+    shares = policy._domain_shares(base, [0.0, 0.0], policy.DEFAULT_RECIPE)
     assert torch.equal(shares, base)
-    shares = embedded._domain_shares(base, [0.1, target], embedded.DEFAULT_RECIPE)
-    assert shares[1] == base[1] * embedded.DEFAULT_RECIPE.min_weight_scale
+    shares = policy._domain_shares(base, [0.1, target], policy.DEFAULT_RECIPE)
+    assert shares[1] == base[1] * policy.DEFAULT_RECIPE.min_weight_scale
     assert shares[0] == pytest.approx(base[0] * (1 - 0.1 / target))
 
 
@@ -235,7 +204,7 @@ def test_warmup_batches_mix_right_and_flawed_demonstrations(tokenizer):
         {"domain": "reverse", "prompt": f"reverse {w}=", "ground_truth": w[::-1]}
         for w in ("abc", "defg", "hij", "klmn")
     ]
-    input_ids, labels, _ = embedded._encode_demos(tokenizer, rows)
+    input_ids, labels, _ = policy._encode_demos(tokenizer, rows)
     # Right demonstrations first, then the flawed ones, row for row.
     answers = [tokenizer.decode(ids[ids != -100], skip_special_tokens=True) for ids in labels]
     assert answers == ["cba", "gfed", "jih", "nmlk", "cb", "gfe", "ji", "nml"]
@@ -249,11 +218,9 @@ def test_skill_counts_right_and_flawed_answers_and_nothing_else(monkeypatch):
         {"domain": "reverse", "prompt": "reverse ab=", "ground_truth": "ba"},
         {"domain": "reverse", "prompt": "reverse cde=", "ground_truth": "edc"},
     ]
-    from roll_ds.data import dataset
-
     # The model's greedy answers: right, flawed (sign slip), flawed (one short), wrong.
-    monkeypatch.setattr(dataset, "greedy_responses", lambda *a, **k: ["3", "-4", "b", "cde"])
-    accuracy, skill = embedded.greedy_accuracy_and_skill(None, None, rows)
+    monkeypatch.setattr(policy, "greedy_responses", lambda *a, **k: ["3", "-4", "b", "cde"])
+    accuracy, skill = policy.greedy_accuracy_and_skill(None, None, rows)
     assert accuracy == {"math": 0.5, "reverse": 0.0, "overall": 0.25}
     assert skill == {"math": 1.0, "reverse": 0.5, "overall": 0.75}
 
@@ -261,21 +228,10 @@ def test_skill_counts_right_and_flawed_answers_and_nothing_else(monkeypatch):
 # --- the shipped model ----------------------------------------------------------------------
 
 
-def test_shipped_model_is_built_from_the_current_recipe():
-    shipped, current = embedded.shipped_digest(), embedded.DEFAULT_RECIPE.digest()
-    assert shipped == current, (
-        f"{embedded.SHIPPED_DIR} was built from recipe {shipped}, but the code's recipe is now "
-        f"{current} (the warm-up recipe, the model spec or the task data changed). Rebuild it "
-        f"with `{embedded.REFRESH_COMMAND}` and commit the directory."
-    )
-
-
 def test_shipped_model_loads_and_reproduces_its_recorded_accuracy():
     from transformers import AutoModelForCausalLM
 
-    from roll_ds.data.dataset import greedy_accuracy
-
-    path = embedded.SHIPPED_DIR
+    path = shipped_model(EMBEDDED_MODEL).path
     with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
         info = json.load(f)
     weights = os.path.join(path, "model.safetensors")
@@ -285,44 +241,15 @@ def test_shipped_model_loads_and_reproduces_its_recorded_accuracy():
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert sum(p.numel() for p in model.parameters()) == info["num_parameters"]
     assert tokenizer("12+34=")["input_ids"] == build_tokenizer()("12+34=")["input_ids"]
-    _, _, eval_rows = embedded._splits(embedded.DEFAULT_RECIPE)
+    _, _, eval_rows = policy._splits(policy.DEFAULT_RECIPE)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        accuracy = greedy_accuracy(model, tokenizer, eval_rows)
+        accuracy = policy.greedy_accuracy(model, tokenizer, eval_rows)
     finally:
         torch.set_num_threads(threads)
     # Greedy decoding of fixed fp32 weights; another CPU may flip a rare near-tie.
     assert accuracy == pytest.approx(info["warmup_eval_accuracy"], abs=0.02)
-
-
-def test_resolve_pretrain_returns_the_shipped_model_without_building(tmp_path, monkeypatch):
-    def no_build(out_dir, recipe):
-        raise AssertionError("the shipped model is current: nothing is built")
-
-    monkeypatch.setattr(embedded, "build_model_dir", no_build)
-    assert resolve_pretrain(EMBEDDED_MODEL, str(tmp_path)) == embedded.SHIPPED_DIR
-    assert os.listdir(tmp_path) == []
-
-
-def test_a_stale_shipped_model_is_built_into_the_cache_with_a_warning(
-    tmp_path, monkeypatch, caplog
-):
-    def fake_build(out_dir, recipe):
-        with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"recipe_digest": recipe.digest()}, f)
-
-    monkeypatch.setattr(embedded, "shipped_digest", lambda *args: "000000000000")
-    monkeypatch.setattr(embedded, "build_model_dir", fake_build)
-    path = resolve_pretrain(EMBEDDED_MODEL, str(tmp_path))
-    digest = embedded.DEFAULT_RECIPE.digest()
-    assert path == str(tmp_path / "models" / f"tiny-qwen2-{digest}")
-    assert "shipped embedded model" in caplog.text and "is stale" in caplog.text
-    assert embedded.REFRESH_COMMAND in caplog.text
-    # A recipe other than the code's (as tests pass) builds without calling the shipped one stale.
-    caplog.clear()
-    resolve_pretrain(EMBEDDED_MODEL, str(tmp_path), recipe=TINY)
-    assert "stale" not in caplog.text
 
 
 def test_write_shipped_replaces_the_directory(tmp_path):
@@ -330,26 +257,18 @@ def test_write_shipped_replaces_the_directory(tmp_path):
     os.makedirs(target)
     with open(os.path.join(target, "leftover.txt"), "w") as f:
         f.write("from an older build")
-    info = embedded.write_shipped(target, TINY)
-    assert embedded.shipped_digest(target) == info["recipe_digest"] == TINY.digest()
+    info = write_shipped(target, TINY, policy.build)
+    assert shipped_digest(target) == info["recipe_digest"] == TINY.digest()
     assert "leftover.txt" not in os.listdir(target)
     for name in os.listdir(target):  # readable by everyone once committed and installed
         assert os.stat(os.path.join(target, name)).st_mode & 0o777 == 0o644, name
     assert sorted(os.listdir(tmp_path)) == ["shipped"]
-    assert embedded.shipped_digest(str(tmp_path / "absent")) is None
-
-
-def test_local_paths_pass_through_and_unknown_names_fail(tmp_path):
-    assert resolve_pretrain(str(tmp_path)) == str(tmp_path)
-    with pytest.raises(
-        ValueError, match=r"pretrain='Qwen/Qwen2.5-0.5B'.*No model hub is reachable"
-    ):
-        resolve_pretrain("Qwen/Qwen2.5-0.5B")
+    assert shipped_digest(str(tmp_path / "absent")) is None
 
 
 def test_importing_the_packages_stays_light():
     code = (
-        "import sys, roll_ds.models, roll_ds.data, roll_ds.data.synthetic;"
+        "import sys, roll_ds.models, roll_ds.models.shipped, roll_ds.data, roll_ds.data.dataset;"
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules];"
         "assert not heavy, heavy"
     )

@@ -1,17 +1,14 @@
-"""The embedded default model: a tiny Qwen2 shipped with the package, since no hub is reachable.
+"""The embedded default policy ``embedded:tiny-qwen2``: how the tiny Qwen2 that roll_ds ships in
+``roll_ds/models/embedded_tiny_qwen2/`` (about 2 MB) was built.
 
-``resolve_pretrain("embedded:tiny-qwen2")`` returns the shipped directory
-(``roll_ds/models/embedded_tiny_qwen2/``, about 2 MB) when it was built from the current recipe;
-any other ``pretrain`` must be a local path. The model is shipped rather than built on each
-machine because the build is a long float computation on the CPU: another machine's rounding
-takes it down another training path to another model, and the default run's results with it.
-When the recipe changed and the shipped copy was not refreshed, the model is built into the
-cache instead (``<cache>/models/tiny-qwen2-<recipe digest>``, built once) with a warning;
-``python scripts/make_embedded_model.py`` rebuilds the shipped copy.
+It is shipped rather than built on each machine because the build is a long float computation
+on the CPU: another machine's rounding takes it down another training path to another model, and
+the default run's results with it. ``python scripts/make_embedded.py --model policy`` rebuilds
+the shipped copy; a unit test fails while it was built from another recipe than this one.
 
-The build is a seeded init and then a short supervised warm-up on demonstrations of mixed
-quality: most demonstrations carry the domain's typical flaw (``synthetic.flawed_answer``: a
-sign slip in math, a reversal that stops one letter short). The model learns to do the task,
+The build is a seeded init (``tiny.py``) and then a short supervised warm-up on demonstrations
+of mixed quality: most demonstrations carry the domain's typical flaw (``synthetic.flawed_answer``:
+a sign slip in math, a reversal that stops one letter short). The model learns to do the task,
 but prefers the flawed answer, so its greedy held-out accuracy starts low while its samples
 often hold the right answer. That is the situation RL with verifiable rewards is for (imitation
 data of mixed quality, a verifier that knows better), at a size that trains in minutes on a CPU.
@@ -21,35 +18,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from examples.embedded_models.common import torch_threads, write_info
+from examples.embedded_models.synthetic import (
+    DOMAINS,
+    TaskSpec,
+    flawed_answer,
+    generate_domain,
+    to_jsonl,
+)
+from examples.embedded_models.tiny import TinyQwen2Spec
 from roll_ds.config.schema import EMBEDDED_MODEL
-from roll_ds.data.synthetic import DOMAINS, TaskSpec, generate_domain, to_jsonl
-from roll_ds.models.loading import EMBEDDED_MODELS
-from roll_ds.models.tiny import TinyQwen2Spec
+from roll_ds.data.dataset import answers_match
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-logger = logging.getLogger(__name__)
-
-RECIPE_FILE = "roll_ds_recipe.json"
-SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_qwen2")
-REFRESH_COMMAND = "python scripts/make_embedded_model.py"
+NAME = EMBEDDED_MODEL
 # Bump when the build code changes what a recipe produces (the task data is hashed separately).
 RECIPE_VERSION = 3
 
 
 @dataclass(frozen=True, kw_only=True)
 class WarmupRecipe:
-    """Everything that determines the built weights (hashed into the cache directory name).
+    """Everything that determines the built weights (hashed into the recipe digest).
 
     The warm-up trains on the synthetic train split, each demonstration flawed with probability
     ``flawed_fraction``. Every ``check_every`` steps it measures the greedy *skill* on a dev
@@ -91,8 +88,8 @@ class WarmupRecipe:
         return {"version": RECIPE_VERSION, **asdict(self)}
 
     def digest(self) -> str:
-        """Names the cache directory: the recipe plus the exact rows the warm-up learns from and
-        is judged on, so a change to the task generator also builds a new model."""
+        """The recipe plus the exact rows the warm-up learns from and is judged on, so a change
+        to the task generator also calls for a new model."""
         blob = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode())
         for split in _splits(self):
             blob.update(to_jsonl(split).encode())
@@ -102,146 +99,28 @@ class WarmupRecipe:
 DEFAULT_RECIPE = WarmupRecipe()
 
 
-def cache_root(cache_dir: str | None = None) -> str:
-    root = cache_dir or os.environ.get("ROLL_DS_CACHE") or os.path.join("~", ".cache", "roll_ds")
-    return os.path.abspath(os.path.expanduser(root))
+def current_digest() -> str:
+    return DEFAULT_RECIPE.digest()
 
 
-def resolve_pretrain(
-    pretrain: str, cache_dir: str | None = None, recipe: WarmupRecipe = DEFAULT_RECIPE
-) -> str:
-    """A local model directory for the config's ``pretrain`` field.
-
-    The embedded name gives the shipped model when ``recipe`` is the one it was built from,
-    else a build under ``<cache>/models/`` (made once, then reused); a local path is returned
-    unchanged; anything else fails, since no model hub is reachable.
-    """
-    if pretrain != EMBEDDED_MODEL and pretrain in EMBEDDED_MODELS:
-        # the embedded reward model, the embedded agent: each module builds its own, by name
-        return EMBEDDED_MODELS.get(pretrain)(cache_dir)
-    if pretrain == EMBEDDED_MODEL:
-        digest = recipe.digest()
-        shipped = shipped_digest()
-        if shipped == digest:
-            return SHIPPED_DIR
-        if recipe == DEFAULT_RECIPE:  # the code's recipe moved on without the shipped copy
-            logger.warning(
-                "the shipped embedded model (%s, recipe %s) is stale: the current recipe is %s; "
-                "building it into the cache (about 90 s, once). Refresh the shipped copy with "
-                "`%s`.",
-                SHIPPED_DIR,
-                shipped,
-                digest,
-                REFRESH_COMMAND,
-            )
-        name = EMBEDDED_MODEL.split(":", 1)[1]
-        target = os.path.join(cache_root(cache_dir), "models", f"{name}-{digest}")
-        return ensure_built(target, recipe)
-    if os.path.isdir(pretrain):
-        return pretrain
-    raise ValueError(
-        f"pretrain={pretrain!r} is neither {EMBEDDED_MODEL!r} nor an existing local directory. "
-        "No model hub is reachable from this environment: download the model elsewhere and set "
-        f"`pretrain` to its local directory, or use pretrain={EMBEDDED_MODEL!r}."
+def report(info: dict) -> str:
+    return (
+        f"{info['warmup']['steps']} warm-up steps, held-out greedy accuracy "
+        f"{info['warmup_eval_accuracy']}"
     )
 
 
-def resolve_policy_model(cache_dir: str | None = None) -> str:
-    """The embedded policy's directory (``EMBEDDED_MODELS[EMBEDDED_MODEL]``)."""
-    return resolve_pretrain(EMBEDDED_MODEL, cache_dir)
-
-
-def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
-    """The recipe digest the shipped model was built from (None when it is absent)."""
-    try:
-        with open(os.path.join(shipped_dir, RECIPE_FILE), encoding="utf-8") as f:
-            return json.load(f)["recipe_digest"]
-    except FileNotFoundError:
-        return None
-
-
-def policy_model() -> tuple[str, str | None]:
-    """The embedded policy's directory and the recipe digest it was built from (what the
-    embedded reward and agent models start from)."""
-    path = resolve_pretrain(EMBEDDED_MODEL)
-    return path, shipped_digest(path)
-
-
-def write_shipped(
-    shipped_dir: str = SHIPPED_DIR,
-    recipe: Any = DEFAULT_RECIPE,
-    build: Callable[[str, Any], dict] | None = None,
-) -> dict:
-    """Rebuild a shipped model from ``recipe`` with ``build`` (default: the policy's
-    ``build_model_dir``) and replace ``shipped_dir`` with it."""
-    parent = os.path.dirname(shipped_dir)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(shipped_dir)}.tmp-", dir=parent)
-    try:
-        os.chmod(tmp, 0o755)
-        info = (build or build_model_dir)(tmp, recipe)
-        for name in os.listdir(tmp):  # some writers create private files; these get committed
-            os.chmod(os.path.join(tmp, name), 0o644)
-        old = shipped_dir + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        if os.path.exists(shipped_dir):
-            os.rename(shipped_dir, old)
-        os.rename(tmp, shipped_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return info
-
-
-def ensure_built(target: str, recipe: Any, build: Callable[[str, Any], dict] | None = None) -> str:
-    """Build ``target`` unless it exists; safe when several processes call it at once.
-
-    The model is built in a temporary sibling directory and renamed into place, so ``target``
-    either does not exist or is complete; a file lock keeps concurrent callers from building
-    twice (the losers wait, then reuse the winner's directory). ``build(dir, recipe)`` writes
-    the model (default: the embedded policy's ``build_model_dir``).
-    """
-    from filelock import FileLock
-
-    if os.path.isfile(os.path.join(target, RECIPE_FILE)):
-        return target
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    with FileLock(target + ".lock"):
-        if os.path.isfile(os.path.join(target, RECIPE_FILE)):
-            return target
-        prefix = f".{os.path.basename(target)}.tmp-"
-        for stale in os.listdir(parent):  # left by a builder that was killed mid-build
-            if stale.startswith(prefix):
-                shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
-        tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
-        try:
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is for every process
-            (build or build_model_dir)(tmp, recipe)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return target
-
-
-def build_model_dir(out_dir: str, recipe: WarmupRecipe) -> dict:
+def build(out_dir: str, recipe: WarmupRecipe = DEFAULT_RECIPE) -> dict:
     """Init, warm up, measure and save the model, tokenizer and ``roll_ds_recipe.json``."""
-    import torch
-
-    from roll_ds.models.tiny import build_tokenizer, init_model, save_tokenizer
+    from examples.embedded_models.tiny import build_tokenizer, init_model, save_tokenizer
 
     start = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe.num_threads)
-    try:
+    with torch_threads(recipe.num_threads):
         tokenizer = build_tokenizer()
         model = init_model(tokenizer, recipe.model, recipe.seed)
         train_rows, dev_rows, eval_rows = _splits(recipe)
         history = warm_up(model, tokenizer, train_rows, dev_rows, recipe)
         accuracy, skill = greedy_accuracy_and_skill(model, tokenizer, eval_rows)
-    finally:
-        torch.set_num_threads(threads)
     info = {
         "recipe": recipe.to_dict(),
         "recipe_digest": recipe.digest(),
@@ -253,9 +132,7 @@ def build_model_dir(out_dir: str, recipe: WarmupRecipe) -> dict:
     }
     model.save_pretrained(out_dir, safe_serialization=True)
     save_tokenizer(tokenizer, out_dir)
-    with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_info(out_dir, info)
     return info
 
 
@@ -279,13 +156,10 @@ def _splits(recipe: WarmupRecipe) -> tuple[list[dict], list[dict], list[dict]]:
 
 
 def greedy_accuracy_and_skill(
-    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, rows: list[dict]
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: list[dict]
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Greedy accuracy on ``rows``, and skill: the share answered right or with exactly the
     domain's flaw (``synthetic.flawed_answer``). Both as ``{"overall": a, "<domain>": a}``."""
-    from roll_ds.data.dataset import accuracy_by_domain, answers_match, greedy_responses
-    from roll_ds.data.synthetic import flawed_answer
-
     texts = greedy_responses(model, tokenizer, rows)
     right, skilled = [], []
     for row, text in zip(rows, texts, strict=True):
@@ -296,8 +170,8 @@ def greedy_accuracy_and_skill(
 
 
 def warm_up(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     train_rows: list[dict],
     dev_rows: list[dict],
     recipe: WarmupRecipe,
@@ -406,15 +280,13 @@ def _batch_loss(model, encoded: dict, domains: list[str], weights, recipe, gener
     return loss_sum / n_tokens
 
 
-def _encode_demos(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> tuple:
+def _encode_demos(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> tuple:
     """``_encode`` of every row's right demonstration followed by its flawed one."""
-    from roll_ds.data.synthetic import flawed_answer
-
     flawed = [{**r, "ground_truth": flawed_answer(r["domain"], r["ground_truth"])} for r in rows]
     return _encode(tokenizer, rows + flawed)
 
 
-def _encode(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> tuple:
+def _encode(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> tuple:
     """Right-padded ``(input_ids, labels, attention_mask)`` for ``prompt + answer + eos``; the
     labels are -100 outside the answer and eos, so only the response is learned."""
     import torch
@@ -433,3 +305,81 @@ def _encode(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> tuple:
         labels[i, n_prompt : len(ids)] = input_ids[i, n_prompt : len(ids)]
         attention_mask[i, : len(ids)] = 1
     return input_ids, labels, attention_mask
+
+
+# --- measuring (greedy, batched by prompt length) -----------------------------------------
+
+
+def greedy_responses(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> list[str]:
+    """``model``'s greedy response text to each row's prompt, in the order of ``rows``.
+
+    Prompts are batched by token length, so no batch needs padding and the result is the same
+    as one-by-one decoding (and as vLLM's greedy decoding of the same weights).
+    """
+    import torch
+
+    by_length: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        by_length[len(ids)].append((i, ids))
+    responses = [""] * len(rows)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for length in sorted(by_length):
+                items = by_length[length]
+                for start in range(0, len(items), batch_size):
+                    chunk = items[start : start + batch_size]
+                    input_ids = torch.tensor([ids for _, ids in chunk], dtype=torch.long)
+                    out = model.generate(
+                        input_ids=input_ids,
+                        attention_mask=torch.ones_like(input_ids),
+                        max_new_tokens=max_new_tokens,
+                        do_sample=False,
+                        eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id,
+                    )
+                    texts = tokenizer.batch_decode(out[:, length:], skip_special_tokens=True)
+                    for (i, _), text in zip(chunk, texts, strict=True):
+                        responses[i] = text
+    finally:
+        model.train(was_training)
+    return responses
+
+
+def accuracy_by_domain(rows: list[dict], hits: Iterable[bool]) -> dict[str, float]:
+    """``{"overall": a, "<domain>": a, ...}`` from one hit flag per row."""
+    by_domain: dict[str, list[bool]] = defaultdict(list)
+    for row, hit in zip(rows, hits, strict=True):
+        by_domain[row["domain"]].append(bool(hit))
+    result = {d: sum(v) / len(v) for d, v in sorted(by_domain.items())}
+    everything = [h for v in by_domain.values() for h in v]
+    result["overall"] = sum(everything) / max(len(everything), 1)
+    return result
+
+
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Iterable[dict],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Greedy accuracy of ``model`` on ``rows``: ``{"overall": a, "<domain>": a, ...}``."""
+    rows = list(rows)
+    texts = greedy_responses(
+        model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
+    pairs = zip(rows, texts, strict=True)
+    return accuracy_by_domain(
+        rows, [answers_match(t, r["ground_truth"], r["domain"]) for r, t in pairs]
+    )

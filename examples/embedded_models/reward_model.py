@@ -1,5 +1,5 @@
-"""The embedded reward model (``embedded:tiny-rm``): a tiny Qwen2 sequence classifier, shipped in
-``roll_ds/models/embedded_tiny_rm/`` beside the embedded policy, since no hub is reachable.
+"""The embedded reward model ``embedded:tiny-rm``: how the tiny Qwen2 sequence classifier that
+roll_ds ships in ``roll_ds/models/embedded_tiny_rm/`` (no hub is reachable) was built.
 
 It tells right answers to the synthetic tasks from wrong ones. Like a real reward model it starts
 from the policy it will judge (the embedded policy's body, same tokenizer, a fresh scalar head)
@@ -17,36 +17,38 @@ classified right at score 0, and the pairwise accuracy (a right answer outscores
 to the same prompt), over all candidates and over the policy's samples alone.
 
 As with the policy, the build is a float computation whose result differs between machines, so
-the built directory is shipped; ``python scripts/make_embedded_rm.py`` rebuilds it (about a
-minute), and a stale copy is rebuilt into the cache with a warning (``resolve_reward_model``).
+the built directory is shipped; ``python scripts/make_embedded.py --model rm`` rebuilds it
+(about a minute); a unit test fails while the shipped copy is stale.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from roll_ds.config.schema import EMBEDDED_RM  # noqa: F401  (the name this model answers to)
-from roll_ds.data.synthetic import DOMAINS, TaskSpec, flawed_answer, generate_domain, to_jsonl
+from examples.embedded_models.common import policy_model, torch_threads, write_info
+from examples.embedded_models.synthetic import (
+    DOMAINS,
+    TaskSpec,
+    flawed_answer,
+    generate_domain,
+    to_jsonl,
+)
+from roll_ds.config.schema import EMBEDDED_RM
+from roll_ds.data.dataset import answers_match
 
-logger = logging.getLogger(__name__)
-
-RECIPE_FILE = "roll_ds_recipe.json"
-SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_rm")
-REFRESH_COMMAND = "python scripts/make_embedded_rm.py"
+NAME = EMBEDDED_RM
 RECIPE_VERSION = 1
 
 
 @dataclass(frozen=True, kw_only=True)
 class RewardModelRecipe:
     """Everything that determines the built weights (hashed, with the policy it starts from and
-    the task rows, into the cache directory name)."""
+    the task rows, into the recipe digest)."""
 
     seed: int = 11
     data: TaskSpec = field(default_factory=TaskSpec)
@@ -71,48 +73,15 @@ class RewardModelRecipe:
         return blob.hexdigest()[:12]
 
 
-DEFAULT_RM_RECIPE = RewardModelRecipe()
+DEFAULT_RECIPE = RewardModelRecipe()
 
 
-def _policy() -> tuple[str, str | None]:
-    from roll_ds.models.embedded import policy_model
-
-    return policy_model()
+def current_digest() -> str:
+    return DEFAULT_RECIPE.digest(policy_model()[1])
 
 
-def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
-    from roll_ds.models import embedded
-
-    return embedded.shipped_digest(shipped_dir)
-
-
-def resolve_reward_model(cache_dir: str | None = None) -> str:
-    """The embedded reward model's directory: the shipped one when it matches the current recipe
-    and policy, else a build in the cache (made once)."""
-    from roll_ds.models.embedded import cache_root, ensure_built
-
-    _, policy_digest = _policy()
-    digest = DEFAULT_RM_RECIPE.digest(policy_digest)
-    shipped = shipped_digest()
-    if shipped == digest:
-        return SHIPPED_DIR
-    logger.warning(
-        "the shipped embedded reward model (%s, recipe %s) is stale: the current recipe is %s; "
-        "building it into the cache (about a minute, once). Refresh the shipped copy with `%s`.",
-        SHIPPED_DIR,
-        shipped,
-        digest,
-        REFRESH_COMMAND,
-    )
-    target = os.path.join(cache_root(cache_dir), "models", f"tiny-rm-{digest}")
-    return ensure_built(target, DEFAULT_RM_RECIPE, build=build_reward_model_dir)
-
-
-def write_shipped(shipped_dir: str = SHIPPED_DIR) -> dict:
-    """Rebuild the shipped reward model and replace ``shipped_dir`` with it."""
-    from roll_ds.models import embedded
-
-    return embedded.write_shipped(shipped_dir, DEFAULT_RM_RECIPE, build=build_reward_model_dir)
+def report(info: dict) -> str:
+    return "held-out accuracy:\n" + json.dumps(info["held_out"], indent=2)
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -136,8 +105,6 @@ def written_flaws(domain: str, ground_truth: str, prompt: str) -> list[str]:
 def candidates(rows: list[dict], samples: list[list[str]]) -> list[dict]:
     """Labelled answers per prompt: the right one, the written flaws and the policy's samples,
     deduplicated; ``{prompt, domain, response, label, sampled}``."""
-    from roll_ds.data.dataset import answers_match
-
     out = []
     for row, sampled in zip(rows, samples, strict=True):
         seen: set[str] = set()
@@ -198,7 +165,7 @@ def sample_responses(
 # --- build -----------------------------------------------------------------------------------
 
 
-def build_reward_model_dir(out_dir: str, recipe: RewardModelRecipe) -> dict:
+def build(out_dir: str, recipe: RewardModelRecipe = DEFAULT_RECIPE) -> dict:
     """Start from the embedded policy, train on labelled answers, measure, save."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -206,10 +173,8 @@ def build_reward_model_dir(out_dir: str, recipe: RewardModelRecipe) -> dict:
     from roll_ds.models.reward_model import load_reward_model
 
     start = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe.num_threads)
-    try:
-        policy_dir, policy_digest = _policy()
+    with torch_threads(recipe.num_threads):
+        policy_dir, policy_digest = policy_model()
         tokenizer = AutoTokenizer.from_pretrained(policy_dir)
         policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
         train_rows, eval_rows = [], []
@@ -234,8 +199,6 @@ def build_reward_model_dir(out_dir: str, recipe: RewardModelRecipe) -> dict:
             model = load_reward_model(policy_dir, "sequence_classification")
         losses = train_classifier(model, tokenizer, train, recipe)
         accuracy = evaluate(model, tokenizer, held_out)
-    finally:
-        torch.set_num_threads(threads)
     info = {
         "recipe": recipe.to_dict(),
         "recipe_digest": recipe.digest(policy_digest),
@@ -251,9 +214,7 @@ def build_reward_model_dir(out_dir: str, recipe: RewardModelRecipe) -> dict:
     model.config.architectures = ["Qwen2ForSequenceClassification"]
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_info(out_dir, info)
     return info
 
 

@@ -1,6 +1,7 @@
-"""The embedded agent model: the shipped copy is current and loads with its chat template, its
-demonstrations are laid out exactly as the episode runner lays out episodes, and its recorded
-held-out success leaves RL something to learn."""
+"""The embedded agent model's recipe (examples/embedded_models/agent.py): the shipped copy loads
+with its chat template, its demonstrations are laid out exactly as the episode runner lays out
+episodes, and its recorded held-out success leaves RL something to learn. (That the shipped copy
+is current: test_recipe_digests.py.)"""
 
 from __future__ import annotations
 
@@ -10,42 +11,27 @@ from dataclasses import replace
 
 import pytest
 
-from roll_ds.config.schema import EMBEDDED_AGENT
-from roll_ds.models.embedded_agent import (
+from examples.embedded_models.agent import (
     AGENT_CHAT_TEMPLATE,
-    DEFAULT_AGENT_RECIPE,
+    DEFAULT_RECIPE,
     ENV_NAMES,
-    RECIPE_FILE,
-    SHIPPED_DIR,
-    _policy,
+    NAME,
     agent_tokenizer,
     demonstrations,
     encode_episode,
-    shipped_digest,
 )
+from examples.embedded_models.common import policy_model
+from roll_ds.models.shipped import RECIPE_FILE, shipped_model
 
-SMALL = replace(DEFAULT_AGENT_RECIPE, n_train=200)
+SHIPPED_DIR = shipped_model(NAME).path
+SMALL = replace(DEFAULT_RECIPE, n_train=200)
 
 
 @pytest.fixture(scope="module")
 def fmt():
     from roll_ds.agentic.chat import ChatFormat
 
-    return ChatFormat(agent_tokenizer(_policy()[0]))
-
-
-def test_shipped_agent_model_matches_the_recipe():
-    assert shipped_digest() == DEFAULT_AGENT_RECIPE.digest(_policy()[1]), (
-        "roll_ds/models/embedded_tiny_agent is stale: run python scripts/make_embedded_agent.py"
-    )
-    size = sum(os.path.getsize(os.path.join(SHIPPED_DIR, f)) for f in os.listdir(SHIPPED_DIR))
-    assert size < 2.2 * 2**20
-
-
-def test_embedded_name_resolves_to_the_shipped_model():
-    from roll_ds.models.embedded import resolve_pretrain
-
-    assert resolve_pretrain(EMBEDDED_AGENT) == SHIPPED_DIR
+    return ChatFormat(agent_tokenizer(policy_model()[0]))
 
 
 def test_shipped_model_loads_with_its_chat_template():
@@ -114,7 +100,47 @@ def test_demonstrations_are_of_mixed_quality():
 
 
 def test_digest_follows_the_recipe():
-    policy = _policy()[1]
+    policy = policy_model()[1]
     assert SMALL.digest(policy) == replace(SMALL).digest(policy)
     assert SMALL.digest(policy) != replace(SMALL, tool_fraction=0.5).digest(policy)
     assert SMALL.digest(policy) != SMALL.digest("another policy")
+
+
+@pytest.fixture(scope="module")
+def shipped_agent():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roll_ds.agentic.chat import ChatFormat
+
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR, dtype=torch.float32).eval()
+    return model, ChatFormat(agent_tokenizer(SHIPPED_DIR))
+
+
+def test_local_engine_turns_end_at_their_eos_or_limit_and_ignore_padding(shipped_agent):
+    from examples.embedded_models.agent import local_engine
+
+    model, fmt = shipped_agent
+    contexts = [fmt.prompt_ids([{"role": "user", "content": t}]) for t in ("6*7=", "Guess 1-32.")]
+    generate = local_engine(model, fmt, sampled=False)
+    both = generate(contexts, [80, 3], [0, 1], 0)["response_ids"]
+    alone = [generate([c], [80], [0], 0)["response_ids"][0] for c in contexts]
+    assert both[0] == alone[0] and both[1] == alone[1][:3]  # left padding changes nothing
+    assert both[0][-1] == fmt.eos_id and fmt.eos_id not in both[0][:-1]
+    sampled = local_engine(model, fmt, sampled=True)
+    out = sampled(contexts, [80, 80], [0, 1], 5)
+    assert out == sampled(contexts, [80, 80], [0, 1], 5)  # seeded by the runner's turn seed
+    assert [len(x) for x in out["rollout_logprobs"]] == [len(x) for x in out["response_ids"]]
+
+
+def test_held_out_measurement_plays_the_runner_deterministically(shipped_agent):
+    from examples.embedded_models.agent import measure
+
+    model, fmt = shipped_agent
+    recipe = replace(DEFAULT_RECIPE, n_eval=6, eval_samples=2)
+    held_out = measure(model, fmt, recipe)
+    assert held_out == measure(model, fmt, recipe)
+    for name in ENV_NAMES:
+        assert held_out[name]["greedy"]["episodes"] == 6
+        assert held_out[name]["sampled_t1"]["episodes"] == 12
+        assert 1 <= held_out[name]["greedy"]["mean_turns"] <= recipe.max_turns

@@ -1,28 +1,16 @@
-"""The embedded reward model's recipe: the shipped copy is current, its training answers are
-labelled by the rule, and its recorded held-out accuracy is there and better than chance."""
+"""The embedded reward model's recipe (examples/embedded_models/reward_model.py): its training
+answers are labelled by the rule, and the shipped copy's recorded held-out accuracy is there and
+better than chance. (That the shipped copy is current: test_recipe_digests.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
 
-from roll_ds.models.embedded_rm import (
-    DEFAULT_RM_RECIPE,
-    RECIPE_FILE,
-    SHIPPED_DIR,
-    _policy,
-    candidates,
-    shipped_digest,
-    written_flaws,
-)
+from examples.embedded_models.reward_model import NAME, candidates, written_flaws
+from roll_ds.models.shipped import RECIPE_FILE, shipped_model
 
-
-def test_shipped_reward_model_matches_the_recipe():
-    assert shipped_digest() == DEFAULT_RM_RECIPE.digest(_policy()[1]), (
-        "roll_ds/models/embedded_tiny_rm is stale: run python scripts/make_embedded_rm.py"
-    )
-    size = sum(os.path.getsize(os.path.join(SHIPPED_DIR, f)) for f in os.listdir(SHIPPED_DIR))
-    assert size < 2.2 * 2**20
+SHIPPED_DIR = shipped_model(NAME).path
 
 
 def test_recorded_held_out_accuracy_beats_chance():

@@ -1,4 +1,5 @@
-"""The embedded agent model ``embedded:tiny-agent``: the embedded policy warmed up on episodes.
+"""The embedded agent model ``embedded:tiny-agent``: the embedded policy warmed up on episodes
+(how the model roll_ds ships in ``roll_ds/models/embedded_tiny_agent/`` was built).
 
 It starts from the embedded policy (``embedded:tiny-qwen2``) and learns, supervised, from
 demonstration episodes of the two shipped environments (``roll_ds/agentic/envs/``), laid out
@@ -19,15 +20,14 @@ something to learn:
 The model learns all of these, and prefers the flawed ones: greedy, it mostly answers the
 product at once and counts up from 1, while its samples call the tool or search often enough
 that a GRPO group of 8 holds both successes and failures. Its held-out greedy and sampled
-(temperature 1) success per environment, measured with a small local episode loop (HF
-``generate``, the same token layout as the runner), is recorded in ``roll_ds_recipe.json``
+(temperature 1) success per environment, played by the framework's episode runner over HF
+``generate`` (``measure``), is recorded in ``roll_ds_recipe.json``
 (``held_out``). A compact ``calc`` call is 67 tokens: the runner's per-turn token limit must
 allow it (the measurement uses ``max_new_tokens``).
 
 As with the other embedded models the build is a float computation whose result differs
-between machines, so the built directory is shipped in ``roll_ds/models/embedded_tiny_agent/``;
-``python scripts/make_embedded_agent.py`` rebuilds it, and a stale copy is rebuilt into the
-cache with a warning (``resolve_agent_model``).
+between machines, so the built directory is shipped; ``python scripts/make_embedded.py --model
+agent`` rebuilds it; a unit test fails while the shipped copy is stale.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import os
 import random
 import time
@@ -43,13 +42,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from roll_ds.config.schema import EMBEDDED_AGENT  # noqa: F401  (the name this model answers to)
+from examples.embedded_models.common import policy_model, torch_threads, write_info
+from roll_ds.config.schema import EMBEDDED_AGENT
 
-logger = logging.getLogger(__name__)
-
-RECIPE_FILE = "roll_ds_recipe.json"
-SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedded_tiny_agent")
-REFRESH_COMMAND = "python scripts/make_embedded_agent.py"
+NAME = EMBEDDED_AGENT
 RECIPE_VERSION = 1
 
 AGENT_CHAT_TEMPLATE = (
@@ -65,12 +61,13 @@ tool result ``<|im_start|>=text<|im_end|>``, an assistant turn its text and ``<|
 generation prompt (the policy speaks right after the last ``<|im_end|>``); ``tools`` unused."""
 
 ENV_NAMES = ("calculator", "guess_number")
+MAX_CONTEXT = 256  # the tiny Qwen2's max_position_embeddings
 
 
 @dataclass(frozen=True, kw_only=True)
 class AgentRecipe:
     """Everything that determines the built weights (hashed, with the policy it starts from,
-    the chat template and the demonstration episodes, into the cache directory name).
+    the chat template and the demonstration episodes, into the recipe digest).
 
     ``guess_low``/``guess_high``, ``calc_digits`` and ``max_turns`` are the environments'
     ``env_config`` and the runner's ``max_actions_per_traj`` the model is warmed up (and
@@ -123,50 +120,15 @@ def _digest(recipe: AgentRecipe, policy_digest: str | None) -> str:
     return blob.hexdigest()[:12]
 
 
-DEFAULT_AGENT_RECIPE = AgentRecipe()
+DEFAULT_RECIPE = AgentRecipe()
 
 
-# --- resolving -------------------------------------------------------------------------------
+def current_digest() -> str:
+    return DEFAULT_RECIPE.digest(policy_model()[1])
 
 
-def _policy() -> tuple[str, str | None]:
-    from roll_ds.models.embedded import policy_model
-
-    return policy_model()
-
-
-def shipped_digest(shipped_dir: str = SHIPPED_DIR) -> str | None:
-    from roll_ds.models import embedded
-
-    return embedded.shipped_digest(shipped_dir)
-
-
-def resolve_agent_model(cache_dir: str | None = None) -> str:
-    """The embedded agent model's directory: the shipped one when it matches the current recipe
-    and policy, else a build in the cache (made once)."""
-    from roll_ds.models.embedded import cache_root, ensure_built
-
-    digest = DEFAULT_AGENT_RECIPE.digest(_policy()[1])
-    shipped = shipped_digest()
-    if shipped == digest:
-        return SHIPPED_DIR
-    logger.warning(
-        "the shipped embedded agent model (%s, recipe %s) is stale: the current recipe is %s; "
-        "building it into the cache (a few minutes, once). Refresh the shipped copy with `%s`.",
-        SHIPPED_DIR,
-        shipped,
-        digest,
-        REFRESH_COMMAND,
-    )
-    target = os.path.join(cache_root(cache_dir), "models", f"tiny-agent-{digest}")
-    return ensure_built(target, DEFAULT_AGENT_RECIPE, build=build_agent_model_dir)
-
-
-def write_shipped(shipped_dir: str = SHIPPED_DIR) -> dict:
-    """Rebuild the shipped agent model and replace ``shipped_dir`` with it."""
-    from roll_ds.models import embedded
-
-    return embedded.write_shipped(shipped_dir, DEFAULT_AGENT_RECIPE, build=build_agent_model_dir)
+def report(info: dict) -> str:
+    return "held-out success:\n" + json.dumps(info["held_out"], indent=2)
 
 
 # --- demonstrations --------------------------------------------------------------------------
@@ -289,7 +251,7 @@ def agent_tokenizer(policy_dir: str) -> Any:
 def save_agent_tokenizer(tokenizer: Any, out_dir: str) -> None:
     """``save_pretrained`` (transformers 5 writes the template to ``chat_template.jinja``) with
     the chat template also in ``tokenizer_config.json``, where older readers look for it."""
-    from roll_ds.models.tiny import save_tokenizer
+    from examples.embedded_models.tiny import save_tokenizer
 
     save_tokenizer(tokenizer, out_dir)
     path = os.path.join(out_dir, "tokenizer_config.json")
@@ -301,7 +263,7 @@ def save_agent_tokenizer(tokenizer: Any, out_dir: str) -> None:
         f.write("\n")
 
 
-def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
+def build(out_dir: str, recipe: AgentRecipe = DEFAULT_RECIPE) -> dict:
     """Start from the embedded policy, warm up on the demonstrations, measure, save."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -309,10 +271,8 @@ def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
     from roll_ds.agentic.chat import ChatFormat
 
     start = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe.num_threads)
-    try:
-        policy_dir, policy_digest = _policy()
+    with torch_threads(recipe.num_threads):
+        policy_dir, policy_digest = policy_model()
         tokenizer = agent_tokenizer(policy_dir)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         fmt = ChatFormat(tokenizer)
@@ -323,8 +283,6 @@ def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
         }
         losses = warm_up(model, encoded, recipe)
         held_out = measure(model, fmt, recipe)
-    finally:
-        torch.set_num_threads(threads)
     lengths = [len(ids) for name in ENV_NAMES for ids, _ in encoded[name]]
     info = {
         "recipe": recipe.to_dict(),
@@ -338,9 +296,7 @@ def build_agent_model_dir(out_dir: str, recipe: AgentRecipe) -> dict:
     }
     model.save_pretrained(out_dir, safe_serialization=True)
     save_agent_tokenizer(tokenizer, out_dir)
-    with open(os.path.join(out_dir, RECIPE_FILE), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_info(out_dir, info)
     return info
 
 
@@ -417,99 +373,69 @@ def warm_up(model: Any, encoded: dict[str, list[tuple[list[int], list[int]]]], r
 
 
 def measure(model: Any, fmt: Any, recipe: AgentRecipe) -> dict:
-    """Held-out success per environment: greedy (one episode per seed) and sampled at
-    temperature 1 (``eval_samples`` per seed)."""
+    """Held-out success per environment, played by the framework's own episode runner
+    (``roll_ds.agentic.runner.EpisodeRunner``) with ``model`` as a local engine: greedy (one
+    episode per seed) and sampled at temperature 1 (``eval_samples`` per seed)."""
+    from roll_ds.agentic.env_pool import EnvTypeSpec, LocalEnvPool
+    from roll_ds.agentic.runner import EpisodeRunner, EpisodeSpec, TurnLimits
+
     seeds = list(range(recipe.eval_seed_start, recipe.eval_seed_start + recipe.n_eval))
     out = {}
     for k, name in enumerate(ENV_NAMES):
-        greedy = run_episodes(model, fmt, name, seeds, recipe, sample_seed=None)
-        sampled = run_episodes(
-            model, fmt, name, seeds * recipe.eval_samples, recipe, sample_seed=recipe.seed + k
-        )
-        out[name] = {"greedy": summarize(greedy), "sampled_t1": summarize(sampled)}
+        results = {}
+        for label, n, sampled in (("greedy", 1, False), ("sampled_t1", recipe.eval_samples, True)):
+            runner = EpisodeRunner(
+                tokenizer=fmt.tokenizer,
+                pool=LocalEnvPool({name: EnvTypeSpec(name, recipe.env_config(name))}, 30.0),
+                generate=local_engine(model, fmt, sampled),
+                limits={name: TurnLimits(recipe.max_turns, recipe.max_new_tokens)},
+                max_context_tokens=MAX_CONTEXT,
+            )
+            specs = [EpisodeSpec(i, i, name, seed) for i, seed in enumerate(seeds * n)]
+            results[label] = summarize(runner.run(specs, seed=recipe.seed + k)[0])
+        out[name] = results
     return out
 
 
-def summarize(episodes: list[dict]) -> dict:
+def summarize(episodes: list[Any]) -> dict:
     n = len(episodes)
     return {
         "episodes": n,
-        "success": round(sum(e["success"] for e in episodes) / n, 4),
-        "mean_turns": round(sum(e["turns"] for e in episodes) / n, 3),
-        "tool_calls_per_episode": round(sum(e["tool_calls"] for e in episodes) / n, 3),
-        "format_errors_per_episode": round(sum(e["format_errors"] for e in episodes) / n, 3),
-        "tool_errors_per_episode": round(sum(e["tool_errors"] for e in episodes) / n, 3),
+        "success": round(sum(e.success for e in episodes) / n, 4),
+        "mean_turns": round(sum(e.num_turns for e in episodes) / n, 3),
+        "tool_calls_per_episode": round(sum(e.tool_calls for e in episodes) / n, 3),
+        "format_errors_per_episode": round(sum(e.format_errors for e in episodes) / n, 3),
+        "tool_errors_per_episode": round(sum(e.tool_errors for e in episodes) / n, 3),
     }
 
 
-def run_episodes(
-    model: Any,
-    fmt: Any,
-    name: str,
-    seeds: list[int],
-    recipe: AgentRecipe,
-    sample_seed: int | None,
-    max_context: int = 256,
-) -> list[dict]:
-    """Play one episode per seed, all together: each turn is one ``generate`` call over the
-    running episodes (left-padded), at most ``recipe.max_new_tokens`` tokens ending at
-    ``<|im_end|>``; the decoded turn goes to ``env.step`` and the observation's tokens are
-    appended, as the runner does. ``sample_seed`` None: greedy, else temperature 1."""
+def local_engine(model: Any, fmt: Any, sampled: bool) -> Callable:
+    """The runner's ``generate`` (token ids in, ids out) over HF ``generate`` on ``model``:
+    left-padded contexts, each turn cut at its ``<|im_end|>`` or its token limit; greedy, or
+    temperature 1 seeded by the runner's per-turn seed. Log-probs are not needed here (zeros)."""
     import torch
 
-    from roll_ds.agentic.env import as_messages
+    pad, eos = fmt.tokenizer.pad_token_id, fmt.eos_id
+    sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
-    envs = [make_env(name, recipe) for _ in seeds]
-    contexts = [
-        fmt.prompt_ids(as_messages(env.reset(s))) for env, s in zip(envs, seeds, strict=True)
-    ]
-    stats = [
-        {"success": False, "turns": 0, "tool_calls": 0, "format_errors": 0, "tool_errors": 0}
-        for _ in seeds
-    ]
-    running = list(range(len(seeds)))
-    pad = fmt.tokenizer.pad_token_id
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(sample_seed or 0)
-        for _ in range(recipe.max_turns):
-            running = [
-                i for i in running if len(contexts[i]) + recipe.max_new_tokens <= max_context
-            ]
-            if not running:
-                break
-            width = max(len(contexts[i]) for i in running)
-            ids = torch.tensor([[pad] * (width - len(contexts[i])) + contexts[i] for i in running])
-            mask = torch.tensor(
-                [[0] * (width - len(contexts[i])) + [1] * len(contexts[i]) for i in running]
-            )
-            sampling = (
-                {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
-                if sample_seed is not None
-                else {"do_sample": False}
-            )
+    def generate(contexts, max_new_tokens, rows, seed):
+        width = max(len(c) for c in contexts)
+        ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                max_new_tokens=recipe.max_new_tokens,
-                eos_token_id=fmt.eos_id,
+                max_new_tokens=max(max_new_tokens),
+                eos_token_id=eos,
                 pad_token_id=pad,
-                **sampling,
+                **(sampling if sampled else {"do_sample": False}),
             )
-            still = []
-            for row, i in enumerate(running):
-                turn = out[row, width:].tolist()
-                closed = fmt.eos_id in turn
-                turn = turn[: turn.index(fmt.eos_id) + 1] if closed else turn
-                result = envs[i].step(fmt.decode(turn))
-                s = stats[i]
-                s["turns"] += 1
-                s["success"] = s["success"] or bool(result.info.get("success", False))
-                s["tool_calls"] += int(result.info.get("tool_calls", 0))
-                s["format_errors"] += int(bool(result.info.get("format_error", False)))
-                s["tool_errors"] += int(bool(result.info.get("tool_error", False)))
-                if not result.done:
-                    obs = fmt.observation_ids(as_messages(result.observation), closed=closed)
-                    contexts[i] = contexts[i] + turn + obs
-                    still.append(i)
-            running = still
-    return stats
+        turns = []
+        for row, limit in enumerate(max_new_tokens):
+            turn = out[row, width:].tolist()[:limit]
+            turns.append(turn[: turn.index(eos) + 1] if eos in turn else turn)
+        return {"response_ids": turns, "rollout_logprobs": [[0.0] * len(t) for t in turns]}
+
+    return generate

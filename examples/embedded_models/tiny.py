@@ -1,4 +1,4 @@
-"""The built-in tiny Qwen2 model and its tokenizer.
+"""The embedded tiny Qwen2's architecture and tokenizer, from which the policy recipe starts.
 
 Everything here is deterministic: the tokenizer's vocabulary is a fixed list and the model's
 weights come from a seed, so every machine builds the same files without any hub access.

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from roll_ds.data.synthetic import (
+from examples.embedded_models.synthetic import (
     ALL_DOMAINS,
     DOMAINS,
     TaskSpec,
@@ -18,7 +18,7 @@ from roll_ds.data.synthetic import (
     generate_domain,
     to_jsonl,
 )
-from roll_ds.data.synthetic_code import CodeTaskSpec, reference_solutions, run_reference
+from examples.embedded_models.synthetic_code import CodeTaskSpec, reference_solutions, run_reference
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 DATA_DIR = os.path.join(REPO, "examples", "qwen_rlvr", "data")

@@ -1,4 +1,6 @@
-"""Synthetic verifiable tasks for the embedded default run (no dataset hub is reachable).
+"""Synthetic verifiable tasks for the embedded default run (no dataset hub is reachable): the
+generator of the files shipped in ``examples/qwen_rlvr/data/`` (``scripts/make_task_data.py``)
+and of what the embedded models learn from. Runs read the files; nothing in roll_ds imports this.
 
 Two domains, so the pipeline can mix them:
 
@@ -6,7 +8,7 @@ Two domains, so the pipeline can mix them:
   may be negative); the ground truth is the integer as a string (math-verify compares it).
 - ``reverse``: ``reverse abcd=``; the ground truth is the reversed letters (exact match).
 
-A third, ``code`` (tiny stdin/stdout programs, :mod:`roll_ds.data.synthetic_code`), is generated
+A third, ``code`` (tiny stdin/stdout programs, ``synthetic_code.py``), is generated
 and shipped beside them but is not in ``DOMAINS``: the embedded model is not warmed up on it and
 the default run does not sample it.
 
@@ -22,8 +24,8 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from roll_ds.data.synthetic_code import DOMAIN as CODE_DOMAIN
-from roll_ds.data.synthetic_code import CodeTaskSpec, generate_code
+from examples.embedded_models.synthetic_code import DOMAIN as CODE_DOMAIN
+from examples.embedded_models.synthetic_code import CodeTaskSpec, generate_code
 
 DOMAINS = ("math", "reverse")  # the embedded model's warm-up domains
 ALL_DOMAINS = (*DOMAINS, CODE_DOMAIN)
