@@ -50,8 +50,6 @@ class EnvManagerConfig:
     group_size: int = 1
     tags: list[str] = field(default_factory=list)
     num_groups_partition: list[int] | None = None
-    # Seeds of group g at step s are drawn from (seed, s, g); validation seeds start at
-    # val_seed_offset so no held-out episode is ever trained on.
     max_env_num_per_worker: int = 256  # environments one environment worker hosts
 
 
@@ -65,6 +63,8 @@ class AgenticConfig:
     # group's episode returns (turn_gamma the discount)
     reward_mode: str = "trajectory"
     turn_gamma: float = 1.0
+    # Environment seeds: training groups' are drawn below val_seed_offset from (seed, step),
+    # held-out group g's is val_seed_offset + g, so no held-out episode is ever trained on.
     val_seed_offset: int = 1_000_000
 
 

@@ -78,3 +78,19 @@ def test_group_layout_and_unsupported_modes():
 def test_per_turn_needs_grpo():
     (p,) = problems("agentic.reward_mode=per_turn", "algorithm.adv_estimator=rloo")
     assert p.startswith("agentic.reward_mode: per_turn normalises turn returns")
+
+
+@pytest.mark.parametrize("offset", [0, -1, 2**32 - 1])
+def test_val_seed_offset_leaves_room_for_the_training_and_held_out_seeds(offset):
+    # 0 or less: training seeds are drawn from an empty range (randrange raised in the actors);
+    # near 2**32: held-out seeds (offset + group) leave the seed range
+    (p,) = problems(f"agentic.val_seed_offset={offset}")
+    top = (
+        2**32
+        - load_config("agentic_lora_zero3", [], check_files=False).val_env_manager.num_env_groups
+    )
+    assert p == (
+        f"agentic.val_seed_offset: {offset}; training seeds are drawn from [0, val_seed_offset) "
+        f"and held-out seeds start at it, so it must be in [1, {top}] (every seed within "
+        "0..4294967295); e.g. 1000000"
+    )
