@@ -109,7 +109,7 @@ def test_zero_micro_batch_is_one_clear_problem():
         (
             "actor_train.model_args.attn_implementation=flash",
             "actor_train.model_args.attn_implementation: 'flash' is not one of null, eager, sdpa, "
-            "fa2",
+            "fa2, flash_attention_2",
         ),
         # algorithm
         ("algorithm.clip_low=1.0", "algorithm.clip_low: must be in [0, 1), got 1.0"),
