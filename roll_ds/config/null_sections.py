@@ -40,11 +40,11 @@ def null_section(cfg: DictConfig, key: str, *, whole: bool) -> str | None:
     parts = key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parts, start=1):
-        if not isinstance(node, DictConfig) or OmegaConf.is_interpolation(node, part):
-            return None  # lists, interpolations: Hydra's own errors and hints
-        child = node._get_node(part, throw_on_missing_key=False)
-        if child is None:
-            return None  # a key that is not there: Hydra adds it (+) or says it is not
+        if not isinstance(node, DictConfig):
+            return None  # a list: Hydra's own errors
+        child = node._get_node(part, validate_access=False, throw_on_missing_key=False)
+        if child is None or child._is_interpolation():
+            return None  # not there (Hydra adds it with +, or says so); interpolated: hints.py
         if child._is_none() and (depth < len(parts) or whole):
             return ".".join(parts[:depth])
         node = child

@@ -65,8 +65,16 @@ def test_a_misspelled_key_of_a_whole_section_gets_the_schema_hint():
 
 
 def test_overrides_of_sections_that_are_set_are_untouched():
-    cfg = compose_config("rlvr_full_zero3", ["reference.model_args.dtype=bf16", "seed=3"])
+    cfg = compose_config(
+        "rlvr_full_zero3",
+        [
+            "reference.model_args.dtype=bf16",
+            "seed=3",
+            "+actor_infer.strategy_args.strategy_config.gpu_memory_utilization=0.5",  # a new key
+        ],
+    )
     assert (cfg.reference.model_args.dtype, cfg.seed) == ("bf16", 3)
+    assert cfg.actor_infer.strategy_args.strategy_config.gpu_memory_utilization == 0.5
 
 
 def test_run_py_says_which_section_to_set_without_a_traceback():
