@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from roll_ds.agentic.registry import TOOL_PARSERS, TOOLS, env_type_problem
-from roll_ds.config.agentic import REWARD_MODES, EnvManagerConfig, is_agentic
+from roll_ds.config.agentic import REWARD_MODES, TRUNCATION_SIDES, EnvManagerConfig, is_agentic
 from roll_ds.config.ranges import SEED_MAX
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
@@ -61,6 +61,17 @@ def _env_problems(where: str, spec: Any, cfg: Any) -> list[str]:
             f"{where}.max_tokens_per_step: {spec.max_tokens_per_step} is more than the whole "
             f"episode budget after the first observation (response_length "
             f"{cfg.response_length}); raise response_length or lower max_tokens_per_step"
+        )
+    cap = spec.max_observation_tokens
+    if cap is not None and cap < 1:
+        problems.append(
+            f"{where}.max_observation_tokens: {cap}; must be >= 1 (tokens kept of each reply "
+            "message), or null for no cap"
+        )
+    if spec.observation_truncation_side not in TRUNCATION_SIDES:
+        problems.append(
+            f"{where}.observation_truncation_side: {spec.observation_truncation_side!r}; valid: "
+            f"{', '.join(TRUNCATION_SIDES)} (the side cut)"
         )
     parser = spec.env_config.get("parser")
     if parser is not None and parser not in TOOL_PARSERS:

@@ -94,3 +94,25 @@ def test_val_seed_offset_leaves_room_for_the_training_and_held_out_seeds(offset)
         f"and held-out seeds start at it, so it must be in [1, {top}] (every seed within "
         "0..4294967295); e.g. 1000000"
     )
+
+
+def test_each_environment_caps_its_replies_and_the_runner_gets_the_cap():
+    from roll_ds.agentic.runner import TurnLimits
+
+    cfg = load_config(
+        "agentic_lora_zero3",
+        ["custom_envs.Calculator.max_observation_tokens=256"],
+        check_files=False,
+    )
+    assert TurnLimits.of(cfg.custom_envs["Calculator"]) == TurnLimits(3, 80, 256, "middle")
+    assert cfg.custom_envs["GuessNumber"].max_observation_tokens == 1024  # the default
+    found = problems(
+        "custom_envs.GuessNumber.max_observation_tokens=0",
+        "custom_envs.Calculator.observation_truncation_side=top",
+    )
+    assert found == [
+        "custom_envs.GuessNumber.max_observation_tokens: 0; must be >= 1 (tokens kept of each "
+        "reply message), or null for no cap",
+        "custom_envs.Calculator.observation_truncation_side: 'top'; valid: left, right, middle "
+        "(the side cut)",
+    ]
