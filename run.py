@@ -7,7 +7,10 @@
         actor_train.strategy_args.strategy_config='${deepspeed_zero2}'
 
 When Hydra rejects an override (a misspelled key, a key inside an interpolated strategy_config),
-a roll_ds hint follows its message (``roll_ds/config/hints.py``).
+a roll_ds hint follows its message (``roll_ds/config/hints.py``). A section that is null in the
+config (``reference``, ``rewards.<name>.judge``, ...) is set whole on the command line
+(``'rewards.math.judge={template: ...}'``); a key inside it is refused, saying so
+(``roll_ds/config/null_sections.py``).
 
 A config in your own directory derives from the examples by name (they are on Hydra's search
 path, ``hydra_plugins/roll_ds_searchpath``); its ``replace:`` section replaces inherited values
@@ -27,7 +30,10 @@ from omegaconf import DictConfig
 import roll_ds.config.store  # noqa: F401  (registers the typed schema with Hydra)
 from roll_ds.config import ConfigError, to_schema, validate
 from roll_ds.config.hints import hint_for_exception
+from roll_ds.config.null_sections import guard_overrides
 from roll_ds.config.replace import apply_replacements
+
+guard_overrides()  # an override into a null section: set whole, or an error naming it
 
 
 @hydra.main(config_path="examples/qwen_rlvr", config_name=None, version_base="1.3")

@@ -134,6 +134,10 @@ class StrategyContext:
     # weight_sync.lora_sync=adapter: the policy's LoRA rank (rollout engines start with LoRA
     # support and serve base + the synced adapter); None: syncs carry merged full weights.
     adapter_sync_rank: int | None = None
+    # The rollout role's longest sequence (prompt_length + the longest generation): its engine's
+    # context length (vllm: max_model_len) where the role's strategy_config sets none. None for
+    # the other roles: the engine's own default (the model's max_position_embeddings).
+    max_sequence_length: int | None = None
 
 
 @runtime_checkable

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from roll_ds.agentic.registry import TOOL_PARSERS, TOOLS, env_type_problem
-from roll_ds.config.agentic import REWARD_MODES, EnvManagerConfig, is_agentic
+from roll_ds.config.agentic import REWARD_MODES, TRUNCATION_SIDES, EnvManagerConfig, is_agentic
+from roll_ds.config.ranges import SEED_MAX
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
@@ -60,6 +61,17 @@ def _env_problems(where: str, spec: Any, cfg: Any) -> list[str]:
             f"{where}.max_tokens_per_step: {spec.max_tokens_per_step} is more than the whole "
             f"episode budget after the first observation (response_length "
             f"{cfg.response_length}); raise response_length or lower max_tokens_per_step"
+        )
+    cap = spec.max_observation_tokens
+    if cap is not None and cap < 1:
+        problems.append(
+            f"{where}.max_observation_tokens: {cap}; must be >= 1 (tokens kept of each reply "
+            "message), or null for no cap"
+        )
+    if spec.observation_truncation_side not in TRUNCATION_SIDES:
+        problems.append(
+            f"{where}.observation_truncation_side: {spec.observation_truncation_side!r}; valid: "
+            f"{', '.join(TRUNCATION_SIDES)} (the side cut)"
         )
     parser = spec.env_config.get("parser")
     if parser is not None and parser not in TOOL_PARSERS:
@@ -117,6 +129,7 @@ def _runner_problems(cfg: Any) -> list[str]:
         )
     if agentic.step_timeout_s <= 0:
         problems.append(f"agentic.step_timeout_s: {agentic.step_timeout_s}; must be > 0")
+    problems += _seed_offset_problems(cfg)
     if agentic.num_env_workers < 1:
         problems.append(f"agentic.num_env_workers: {agentic.num_env_workers}; must be >= 1")
     if cfg.actor_infer.strategy_args.strategy_name != "vllm":
@@ -129,3 +142,18 @@ def _runner_problems(cfg: Any) -> list[str]:
             "algorithm.dynamic_sampling: not available for agentic episodes yet; set it to false"
         )
     return problems
+
+
+def _seed_offset_problems(cfg: Any) -> list[str]:
+    """Training episodes draw their environment seeds from [0, val_seed_offset), held-out ones
+    use val_seed_offset + group: the range must not be empty and every seed must stay a seed
+    (0..2**32 - 1, what numpy and vLLM take)."""
+    offset = cfg.agentic.val_seed_offset
+    top = SEED_MAX + 1 - max(cfg.val_env_manager.num_env_groups, 1)
+    if 1 <= offset <= top:
+        return []
+    return [
+        f"agentic.val_seed_offset: {offset}; training seeds are drawn from [0, val_seed_offset) "
+        f"and held-out seeds start at it, so it must be in [1, {top}] (every seed within "
+        f"0..{SEED_MAX}); e.g. 1000000"
+    ]

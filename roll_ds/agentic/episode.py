@@ -45,6 +45,7 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     format_errors: int = 0
+    truncated_observations: int = 0  # reply messages cut to max_observation_tokens
     env_seconds: float = 0.0
     last_turn_closed: bool = True  # the last policy turn ended with the end-of-turn token
 

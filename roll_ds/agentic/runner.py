@@ -32,16 +32,31 @@ from roll_ds.agentic.episode import (
     STATUSES,
     Episode,
 )
+from roll_ds.agentic.truncation import ObservationCutter
+from roll_ds.config.agentic import EnvSpecConfig
 
 GenerateFn = Callable[[list[list[int]], list[int], list[int], int], Mapping[str, list[Any]]]
 
 
 @dataclass(frozen=True)
 class TurnLimits:
-    """One environment tag's limits: turns per episode and policy tokens per turn."""
+    """One environment tag's limits: turns per episode, policy tokens per turn, and the tokens
+    kept of each message the environment replies with (None: all) and the side cut."""
 
     max_turns: int
     max_tokens_per_turn: int
+    max_observation_tokens: int | None = None
+    truncation_side: str = "middle"
+
+    @classmethod
+    def of(cls, spec: EnvSpecConfig) -> TurnLimits:
+        """The limits a ``custom_envs`` entry sets."""
+        return cls(
+            spec.max_actions_per_traj,
+            spec.max_tokens_per_step,
+            spec.max_observation_tokens,
+            spec.observation_truncation_side,
+        )
 
 
 @dataclass
@@ -77,6 +92,7 @@ class EpisodeRunner:
         self.max_context_tokens = max_context_tokens
         self.error_reward = error_reward
         self._chats: dict[str, ChatFormat] = {}
+        self._cutter = ObservationCutter(tokenizer)
 
     def chat_for(self, tools: Sequence[dict] | None) -> ChatFormat:
         key = json.dumps(tools or [], sort_keys=True)
@@ -150,14 +166,19 @@ class EpisodeRunner:
             episode.record(action, f"[{reply.status}] {reply.error.strip()[-300:]}", 0.0)
             return
         episode.add_reward(reply.reward, reply.info)
-        text = "\n".join(m["content"] for m in reply.observation)
+        limits = self.limits[episode.tag]  # the reply cut to what the model sees, and recorded
+        observation, cut = self._cutter.cut_messages(
+            reply.observation, limits.max_observation_tokens, limits.truncation_side
+        )
+        episode.truncated_observations += cut
+        text = "\n".join(m["content"] for m in observation)
         episode.record(action, text, reply.reward)
         if reply.done:
             episode.end(DONE)
-        elif episode.num_turns >= self.limits[episode.tag].max_turns:
+        elif episode.num_turns >= limits.max_turns:
             episode.end(MAX_TURNS)
         else:
-            ids = chat.observation_ids(reply.observation, closed=episode.last_turn_closed)
+            ids = chat.observation_ids(observation, closed=episode.last_turn_closed)
             if episode.context_length + len(ids) >= self.max_context_tokens:
                 episode.end(CONTEXT_LIMIT)  # no room for the observation and a next turn
             else:
@@ -184,6 +205,7 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float
         f"{prefix}/tool_calls": sum(e.tool_calls for e in episodes) / n,
         f"{prefix}/tool_errors": sum(e.tool_errors for e in episodes) / n,
         f"{prefix}/format_errors": sum(e.format_errors for e in episodes) / n,
+        f"{prefix}/truncated_observations": sum(e.truncated_observations for e in episodes) / n,
         f"{prefix}/tokens_per_turn": policy_tokens / max(turns, 1),
         f"{prefix}/env_seconds_per_step": sum(e.env_seconds for e in episodes) / max(turns, 1),
     }

@@ -7,6 +7,7 @@ the same thing (a ROLL user recognises ``train_env_manager``, ``custom_envs``, `
         env_type: guess_number    # a name in roll_ds.agentic.registry.ENVS
         max_actions_per_traj: 6   # turns per episode
         max_tokens_per_step: 16   # policy tokens per turn
+        max_observation_tokens: 1024   # each reply message cut to this (null: no cap)
         env_config: {high: 16}    # the environment's keyword arguments
     train_env_manager:            # the episodes of one training step
       num_env_groups: 16          # GRPO groups (= rollout_batch_size)
@@ -32,16 +33,30 @@ from typing import Any
 from omegaconf import MISSING
 
 REWARD_MODES = ("trajectory", "per_turn")
+TRUNCATION_SIDES = ("left", "right", "middle")  # roll_ds/agentic/truncation.py
 
 
 @dataclass
 class EnvSpecConfig:
-    """One entry of ``custom_envs``."""
+    """One entry of ``custom_envs``.
+
+    ``max_observation_tokens`` caps each message of the environment's reply to a turn (a tool's
+    output, a tool error, the environment's text; not the first observation, the task) to that
+    many tokens, a marker ``[... N characters truncated ...]`` where the rest was included; the
+    episode records the cut text, what the model saw (roll_ds/agentic/truncation.py). Per
+    environment because what a reply can hold depends on its tools (a calculator's number, a
+    sandbox's stdout), like ``max_tokens_per_step`` for the policy's side. null: no cap (a tool
+    answering 1 MB then costs a million tokens' tokenising and ends the episode at the context
+    limit). ``observation_truncation_side``: the side cut, as in transformers'
+    ``truncation_side``: left (keep the end), right (keep the start) or middle (keep both ends:
+    the start of a tool's output and the end of a traceback)."""
 
     env_type: str = MISSING
     env_config: dict[str, Any] = field(default_factory=dict)
     max_actions_per_traj: int = 5
     max_tokens_per_step: int = 32
+    max_observation_tokens: int | None = 1024
+    observation_truncation_side: str = "middle"
 
 
 @dataclass
@@ -50,8 +65,6 @@ class EnvManagerConfig:
     group_size: int = 1
     tags: list[str] = field(default_factory=list)
     num_groups_partition: list[int] | None = None
-    # Seeds of group g at step s are drawn from (seed, s, g); validation seeds start at
-    # val_seed_offset so no held-out episode is ever trained on.
     max_env_num_per_worker: int = 256  # environments one environment worker hosts
 
 
@@ -65,6 +78,8 @@ class AgenticConfig:
     # group's episode returns (turn_gamma the discount)
     reward_mode: str = "trajectory"
     turn_gamma: float = 1.0
+    # Environment seeds: training groups' are drawn below val_seed_offset from (seed, step),
+    # held-out group g's is val_seed_offset + g, so no held-out episode is ever trained on.
     val_seed_offset: int = 1_000_000
 
 

@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the schema)
+from roll_ds.config.null_sections import guard_overrides
 from roll_ds.config.replace import apply_replacements
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.validate import to_schema, validate
@@ -27,6 +28,7 @@ def compose_config(
     """Compose ``config_name`` from ``config_dir`` (default examples/qwen_rlvr) like run.py does."""
     directory = Path(config_dir or DEFAULT_CONFIG_DIR).resolve()
     overrides = list(overrides or [])
+    guard_overrides()  # overrides of null sections, as run.py applies them
     with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
         return apply_replacements(compose(config_name=config_name, overrides=overrides), overrides)
 

@@ -34,6 +34,9 @@ TEMPLATES = ("raw", "chat")  # roll_ds.data.prompts.prompt_token_ids
 OLD_LOGPROBS = ("recompute", "rollout", "auto")  # roll_ds.pipeline.rlvr
 # = roll_ds.algorithms.corrections.CORRECTIONS
 ROLLOUT_CORRECTIONS = ("geo_mask", "icepop", "seq_tis", "token_tis")
+# The largest seed: vLLM refuses an engine or request seed outside 0..2**32 - 1 (numpy's range
+# too), and it would do so only once the actors run.
+SEED_MAX = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,11 @@ class Range:
     def describe(self) -> str:
         if self.low is not None and self.high is not None:
             left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-            text = f"in {left}{self.low:g}, {self.high:g}{right}"
+            text = f"in {left}{_number(self.low)}, {_number(self.high)}{right}"
         elif self.low is not None:
-            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+            text = f"{'>' if self.low_open else '>='} {_number(self.low)}"
         else:
-            text = f"{'<' if self.high_open else '<='} {self.high:g}"
+            text = f"{'<' if self.high_open else '<='} {_number(self.high)}"
         notes = [n for n in (self.note, f"or null: {self.null}" if self.null else None) if n]
         return text + (f" ({'; '.join(notes)})" if notes else "")
 
@@ -74,6 +77,11 @@ class Range:
         if self.contains(value):
             return None
         return f"{field}: must be {self.describe()}, got {value}"
+
+
+def _number(bound: float) -> str:
+    """A bound as written: integers in full (2**32 - 1 is 4294967295, not 4.29497e+09)."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 @dataclass(frozen=True)
@@ -94,8 +102,10 @@ Rule = Range | OneOf
 AT_LEAST_1 = Range(low=1)
 POSITIVE = Range(low=0, low_open=True)
 UNIT_OPEN = Range(low=0, high=1, high_open=True)  # [0, 1)
+SEED_NOTE = "vLLM's seed range; -1 does not mean random here, pick a seed"
 
 PIPELINE: dict[str, Rule] = {
+    "seed": Range(low=0, high=SEED_MAX, note=SEED_NOTE),
     "num_gpus_per_node": Range(low=1, note="devices per node"),
     "num_nodes": AT_LEAST_1,
     "max_steps": AT_LEAST_1,
@@ -164,6 +174,7 @@ GENERATING_ARGS: dict[str, Rule] = {
     "top_p": Range(low=0, high=1, low_open=True),
     "top_k": Range(low=-1, note="-1 or 0: off"),
     "num_return_sequences": AT_LEAST_1,
+    "seed": Range(low=0, high=SEED_MAX, null="unseeded, unless the caller seeds", note=SEED_NOTE),
 }
 
 MODEL_ARGS: dict[str, Rule] = {

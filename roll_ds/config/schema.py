@@ -27,8 +27,17 @@ EMBEDDED_AGENT = "embedded:tiny-agent"
 policy warmed up on episodes of the shipped environments, with a chat template."""
 
 DTYPES = ("fp32", "bf16", "fp16")
-# model_args.attn_implementation -> the name transformers reads (roll_ds/models/loading.py)
-ATTN_IMPLEMENTATIONS = {None: None, "eager": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
+# model_args.attn_implementation -> the name transformers reads (roll_ds/models/loading.py); fa2
+# is ROLL's spelling of transformers' flash_attention_2, and both are taken.
+FLASH_ATTENTION_2 = "flash_attention_2"
+ATTN_IMPLEMENTATIONS = {
+    None: None,
+    "eager": "eager",
+    "sdpa": "sdpa",
+    "fa2": FLASH_ATTENTION_2,
+    FLASH_ATTENTION_2: FLASH_ATTENTION_2,
+}
+FLASH_ATTENTION_DTYPES = ("bf16", "fp16")  # flash-attn has no fp32 kernels
 
 
 @dataclass
@@ -46,7 +55,8 @@ class ModelArgs:
     # None: use the pipeline's top-level ``pretrain``.
     model_name_or_path: str | None = None
     dtype: str = "fp32"  # fp32 | bf16 | fp16
-    attn_implementation: str | None = None  # None (transformers default) | eager | sdpa | fa2
+    # None (transformers' default) | eager | sdpa | fa2 (= flash_attention_2: dtype bf16 or fp16)
+    attn_implementation: str | None = None
     disable_gradient_checkpointing: bool = True
     model_type: str | None = None  # kept for ROLL compatibility; only causal LMs are supported
     # LoRA (peft). lora_rank null disables LoRA.

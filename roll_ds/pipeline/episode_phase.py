@@ -130,10 +130,7 @@ class EpisodePhase:
 
     def _episode_runner(self, sampling: dict[str, Any]) -> EpisodeRunner:
         cfg = self.cfg
-        limits = {
-            tag: TurnLimits(spec.max_actions_per_traj, spec.max_tokens_per_step)
-            for tag, spec in cfg.custom_envs.items()
-        }
+        limits = {tag: TurnLimits.of(spec) for tag, spec in cfg.custom_envs.items()}
         return EpisodeRunner(
             tokenizer=self.tokenizer,
             pool=self.pool,

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from roll_ds.config.checks.lengths import longest_sequence
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.pipeline.colocation import (
     TRACE_FILE,
@@ -84,10 +85,14 @@ def role_context(
     cfg: RLVRConfig, ctx: StrategyContext, name: str, trained_roles: list[str]
 ) -> StrategyContext:
     """``ctx`` for role ``name``: a trained role's LR schedule spans all its optimizer steps;
-    the engines of adapter-only LoRA sync reserve the adapter's rank."""
+    the rollout engines hold the longest rollout / evaluation sequence, and under adapter-only
+    LoRA sync reserve the adapter's rank."""
     if name in trained_roles:
         return replace(ctx, max_steps=schedule_steps(cfg, name))
-    if name == "actor_infer" and cfg.weight_sync.lora_sync == "adapter":
+    if name != "actor_infer":
+        return ctx
+    ctx = replace(ctx, max_sequence_length=longest_sequence(cfg)[0])
+    if cfg.weight_sync.lora_sync == "adapter":
         return replace(ctx, adapter_sync_rank=cfg.actor_train.model_args.lora_rank)
     return ctx
 

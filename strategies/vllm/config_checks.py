@@ -56,13 +56,16 @@ def seeded_sampling_problems(cfg: RLVRConfig) -> list[str]:
     for name, role in role_configs(cfg):
         kwargs = role.strategy_args.strategy_config
         if role.strategy_args.strategy_name == "vllm" and isinstance(kwargs, Mapping):
+            if name == "actor_infer" and kwargs.get("max_model_len") is None:
+                kwargs = {**kwargs, "max_model_len": longest_sequence(cfg)[0]}  # as the engine
             found.append(seeded_chunking_problem(kwargs, f"{name}.strategy_args.strategy_config"))
     return [p for p in found if p is not None]
 
 
 def model_len_problems(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
-    """The longest rollout / evaluation sequence fits the engine's ``max_model_len`` (the
-    model's ``max_position_embeddings`` when strategy_config leaves it unset)."""
+    """The longest rollout / evaluation sequence fits the engine's ``max_model_len``: a value
+    strategy_config sets must hold it; unset (or null), the strategy sets it to that length
+    (``VllmStrategy``), which must fit the model's ``max_position_embeddings``."""
     if cfg.prompt_length < 1:
         return []  # reported by the ranges
     need, how = longest_sequence(cfg)
@@ -75,17 +78,18 @@ def model_len_problems(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
         if limit >= need:
             return []
         return [
-            f"{field}: {limit} is shorter than the longest sequence ({how} tokens); raise it to "
-            f"at least {need} or lower prompt_length / response_length"
+            f"{field}: {limit} is shorter than the longest sequence ({how} tokens); remove it "
+            f"(or set it to null) and the engine gets {need}, raise it to at least {need}, or "
+            "lower prompt_length / response_length"
         ]
     path = cfg.actor_infer.model_args.model_name_or_path or cfg.pretrain
     positions = _max_positions(path) if check_files else None
     if positions is None or positions >= need:
         return []
     return [
-        f"prompt_length + response_length: the longest sequence ({how} tokens) exceeds the "
-        f"model's max_position_embeddings {positions} ({path}/config.json), which vLLM takes "
-        "as max_model_len; lower prompt_length / response_length"
+        f"prompt_length + response_length: the longest sequence ({how} tokens), the rollout "
+        f"engine's max_model_len, exceeds the model's max_position_embeddings {positions} "
+        f"({path}/config.json); lower prompt_length / response_length"
     ]
 
 

@@ -27,6 +27,12 @@ prompts, log-probs and seeds are described there) and ``WeightSyncMixin``
 (``strategies/vllm/weight_sync.py``: receiving new weights, the reload, dropping the KV cache,
 adapter syncs). This module builds the engine's arguments, starts and stops it and offloads it
 for colocation.
+
+Context length. The rollout engine's ``max_model_len`` is the pipeline's longest sequence
+(prompt_length + the longest generation, ``StrategyContext.max_sequence_length``) unless the
+role's strategy_config sets it, so raising prompt_length needs no second edit; validation checks
+that it fits the model and that a value the user set holds it
+(``strategies/vllm/config_checks.py``).
 """
 
 from __future__ import annotations
@@ -99,13 +105,19 @@ def llm_kwargs(
     strategy_config: Mapping[str, Any] | None,
     is_cuda: bool,
     adapter_rank: int | None = None,
+    max_model_len: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM``: the strategy's own, platform defaults, then
-    ``strategy_config`` (which may override the defaults but not the owned keys)."""
+    ``strategy_config`` (which may override the defaults but not the owned keys).
+    ``max_model_len``: the engine's context where strategy_config leaves it unset or null."""
     user = dict(strategy_config or {})
     clashes = [f"{k} (set {v} instead)" for k, v in OWNED_KWARGS.items() if k in user]
     if clashes:
         raise ValueError("strategy_config for vllm must not set: " + "; ".join(clashes))
+    if user.get("max_model_len") is None:
+        user.pop("max_model_len", None)  # null: derived, else vLLM's default
+        if max_model_len is not None:
+            user["max_model_len"] = max_model_len
     if dtype not in VLLM_DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(VLLM_DTYPES)}")
     kwargs: dict[str, Any] = {
@@ -161,11 +173,13 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
         max_new_tokens: int = 64,
         stop_token_ids: Sequence[int] = (),
         adapter_rank: int | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         """``generating_args`` give the defaults of ``generate``; its ``max_new_tokens`` falls
         back to ``max_new_tokens`` (the pipeline's response_length) when null. ``adapter_rank``
         (``weight_sync.lora_sync: adapter``): start the engine with LoRA enabled for an
-        adapter of that rank; syncs then carry the adapter (``enable_adapter_sync``)."""
+        adapter of that rank; syncs then carry the adapter (``enable_adapter_sync``).
+        ``max_model_len``: the engine's context where ``strategy_config`` sets none."""
         self.model_path = model_path
         self.dtype = dtype
         self.seed = seed
@@ -179,6 +193,7 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
             self.generating_args.max_new_tokens = max_new_tokens
         self.stop_token_ids = list(stop_token_ids)
         self.adapter_rank = adapter_rank
+        self.default_max_model_len = max_model_len
         self._adapters: AdapterVersions | None = None  # set by enable_adapter_sync
         self._lora_request: Any = None  # the synced adapter vLLM serves, once there is one
         self.llm: Any = None
@@ -200,6 +215,7 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
             max_new_tokens=ctx.response_length,
             stop_token_ids=ctx.stop_token_ids,
             adapter_rank=ctx.adapter_sync_rank,
+            max_model_len=ctx.max_sequence_length,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -238,6 +254,7 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
             strategy_config=self.strategy_config,
             is_cuda=platform.is_cuda,
             adapter_rank=self.adapter_rank,
+            max_model_len=self.default_max_model_len,
         )
         timeout_s = float(os.environ.get(START_TIMEOUT_ENV, START_TIMEOUT_S))
         with bounded_start(timeout_s, f"tensor_parallel_size={self.tensor_parallel_size}"):

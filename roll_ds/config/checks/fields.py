@@ -31,7 +31,8 @@ def role_field_problems(name: str, role: WorkerConfig) -> list[str]:
     sections = [("", role, ranges.WORKER), ("model_args", role.model_args, ranges.MODEL_ARGS)]
     if name in TRAIN_ROLES:
         sections.append(("training_args", role.training_args, ranges.TRAINING_ARGS))
-    if name == "actor_infer":
+    # the rollout engine's, and a judge's (it generates its verdicts with them)
+    if name == "actor_infer" or (isinstance(role, RewardConfig) and role.judge is not None):
         sections.append(("generating_args", role.generating_args, ranges.GENERATING_ARGS))
     if name == "actor_train":
         sections.append(("data_args", role.data_args, ranges.DATA_ARGS))

@@ -12,10 +12,10 @@ from roll_ds.config.strategies import STRATEGY_SPECS
 # model_args.attn_implementation values whose attention keeps packed sequences apart given
 # restarting position ids and attention_mask=None: eager and sdpa through the block-diagonal
 # mask transformers builds from the position ids (masking_utils.find_packed_sequence_indices),
-# fa2 through flash-attn's varlen kernel fed by the same position ids; None is transformers'
-# default, sdpa (eager where sdpa is missing). An implementation added to the schema's
-# ATTN_IMPLEMENTATIONS is refused for packing until it is shown to do this.
-PACKING_ATTENTION = (None, "eager", "sdpa", "fa2")
+# fa2 (flash_attention_2) through flash-attn's varlen kernel fed by the same position ids; None
+# is transformers' default, sdpa (eager where sdpa is missing). An implementation added to the
+# schema's ATTN_IMPLEMENTATIONS is refused for packing until it is shown to do this.
+PACKING_ATTENTION = (None, "eager", "sdpa", "fa2", "flash_attention_2")
 # The roles whose passes go by micro-batches of the rollout batch.
 ROLES = ("actor_train", "reference", "critic")
 
@@ -84,7 +84,9 @@ def packing_warnings(cfg: RLVRConfig) -> list[str]:
                 f"{name}.use_sequence_packing with attn_implementation {attn or 'null (sdpa)'}: "
                 "the packed row attends through a dense block-diagonal mask, slower than "
                 f"padding on GPU and CPU (H100, responses of 8-1024 tokens: {PACKING_DENSE_MASK}"
-                f" of padded rows); set {name}.model_args.attn_implementation: fa2 (flash-attn) "
-                "on GPUs, or use_sequence_packing: false and keep max_tokens_per_micro_batch"
+                f" of padded rows); set {name}.model_args.attn_implementation: fa2 (flash-attn, "
+                f"on GPUs) with {name}.model_args.dtype: bf16 or fp16 (flash-attn has no fp32 "
+                f"kernels; the role's is {role.model_args.dtype}), or use_sequence_packing: "
+                "false and keep max_tokens_per_micro_batch"
             )
     return warnings

@@ -9,7 +9,15 @@ from roll_ds.config.checks.components import component_problems
 from roll_ds.config.checks.fields import role_field_problems
 from roll_ds.config.checks.micro_batches import micro_batch_problems
 from roll_ds.config.roles import DEVICE_ROLES, TRAIN_ROLES
-from roll_ds.config.schema import ModelArgs, RewardConfig, RLVRConfig, WorkerConfig
+from roll_ds.config.schema import (
+    ATTN_IMPLEMENTATIONS,
+    FLASH_ATTENTION_2,
+    FLASH_ATTENTION_DTYPES,
+    ModelArgs,
+    RewardConfig,
+    RLVRConfig,
+    WorkerConfig,
+)
 from roll_ds.config.strategies import STRATEGIES, STRATEGY_SPECS, load_hook
 
 if TYPE_CHECKING:
@@ -39,6 +47,7 @@ def role_problems(
     if isinstance(role, RewardConfig):
         problems += component_problems("reward_role", name, role)
     problems += role_field_problems(name, role)
+    problems += attention_dtype_problems(name, role.model_args)
     problems += lora_target_problems(name, role.model_args)
     problems += micro_batch_problems(cfg, name, role)
     return problems
@@ -105,6 +114,20 @@ def device_mapping_problems(cfg: RLVRConfig, name: str, where: RolePlacement) ->
                 f"num_gpus_per_worker={size} devices of a worker must sit on one node"
             ]
     return []
+
+
+def attention_dtype_problems(name: str, model: ModelArgs) -> list[str]:
+    """flash-attn (fa2) in a dtype it has no kernels for: transformers only warns when it loads
+    the model, and the first forward fails, after every actor has started."""
+    attn = model.attn_implementation
+    if ATTN_IMPLEMENTATIONS.get(attn) != FLASH_ATTENTION_2 or model.dtype in FLASH_ATTENTION_DTYPES:
+        return []
+    return [
+        f"{name}.model_args.dtype: {model.dtype} with attn_implementation {attn}: flash-attn has "
+        f"no {model.dtype} kernels and the first forward would fail; set "
+        f"{name}.model_args.dtype: bf16 (or fp16), or another "
+        f"{name}.model_args.attn_implementation (sdpa, eager, or null)"
+    ]
 
 
 def lora_target_problems(name: str, model: ModelArgs) -> list[str]:

@@ -78,3 +78,41 @@ def test_group_layout_and_unsupported_modes():
 def test_per_turn_needs_grpo():
     (p,) = problems("agentic.reward_mode=per_turn", "algorithm.adv_estimator=rloo")
     assert p.startswith("agentic.reward_mode: per_turn normalises turn returns")
+
+
+@pytest.mark.parametrize("offset", [0, -1, 2**32 - 1])
+def test_val_seed_offset_leaves_room_for_the_training_and_held_out_seeds(offset):
+    # 0 or less: training seeds are drawn from an empty range (randrange raised in the actors);
+    # near 2**32: held-out seeds (offset + group) leave the seed range
+    (p,) = problems(f"agentic.val_seed_offset={offset}")
+    top = (
+        2**32
+        - load_config("agentic_lora_zero3", [], check_files=False).val_env_manager.num_env_groups
+    )
+    assert p == (
+        f"agentic.val_seed_offset: {offset}; training seeds are drawn from [0, val_seed_offset) "
+        f"and held-out seeds start at it, so it must be in [1, {top}] (every seed within "
+        "0..4294967295); e.g. 1000000"
+    )
+
+
+def test_each_environment_caps_its_replies_and_the_runner_gets_the_cap():
+    from roll_ds.agentic.runner import TurnLimits
+
+    cfg = load_config(
+        "agentic_lora_zero3",
+        ["custom_envs.Calculator.max_observation_tokens=256"],
+        check_files=False,
+    )
+    assert TurnLimits.of(cfg.custom_envs["Calculator"]) == TurnLimits(3, 80, 256, "middle")
+    assert cfg.custom_envs["GuessNumber"].max_observation_tokens == 1024  # the default
+    found = problems(
+        "custom_envs.GuessNumber.max_observation_tokens=0",
+        "custom_envs.Calculator.observation_truncation_side=top",
+    )
+    assert found == [
+        "custom_envs.GuessNumber.max_observation_tokens: 0; must be >= 1 (tokens kept of each "
+        "reply message), or null for no cap",
+        "custom_envs.Calculator.observation_truncation_side: 'top'; valid: left, right, middle "
+        "(the side cut)",
+    ]

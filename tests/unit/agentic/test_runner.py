@@ -54,9 +54,20 @@ class Scripted:
         return {"response_ids": ids, "rollout_logprobs": lps, "finish_reason": reasons}
 
 
-def runner(tokenizer, generate, specs, *, max_turns=6, per_turn=16, budget=200, timeout=5.0):
+def runner(
+    tokenizer,
+    generate,
+    specs,
+    *,
+    max_turns=6,
+    per_turn=16,
+    budget=200,
+    timeout=5.0,
+    cap=None,
+    side="middle",
+):
     pool = LocalEnvPool(specs, timeout)
-    limits = {tag: TurnLimits(max_turns, per_turn) for tag in specs}
+    limits = {tag: TurnLimits(max_turns, per_turn, cap, side) for tag in specs}
     return EpisodeRunner(
         tokenizer=tokenizer,
         pool=pool,
@@ -164,11 +175,74 @@ class Hanging(Env):
         return StepResult("late")
 
 
+MEGABYTE = "".join(f"row {i}: {i * 7919 % 10007}\n" for i in range(100_000))[:1_000_000]
+
+
+class Flood(Env):
+    """A tool that answers every turn with a megabyte of text."""
+
+    def reset(self, seed):
+        return "go"
+
+    def step(self, action):
+        return StepResult([{"role": "tool", "content": MEGABYTE}])
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _register_bad_envs():
     if "test_crashing" not in ENVS:
         ENVS.add("test_crashing", Crashing)
         ENVS.add("test_hanging", Hanging)
+        ENVS.add("test_flood", Flood)
+
+
+class LongestText:
+    """The policy tokenizer, recording the longest text it is asked to tokenise."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer, self.longest = tokenizer, 0
+
+    def __call__(self, text, **kwargs):
+        self.longest = max(self.longest, len(text))
+        return self._tokenizer(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def test_a_megabyte_tool_answer_is_cut_and_recorded_as_the_model_saw_it(tokenizer):
+    counting = LongestText(tokenizer)
+    flood = {"flood": EnvTypeSpec("test_flood")}
+    group = [EpisodeSpec(i, 0, "flood", 1) for i in range(2)]
+    play = runner(counting, Scripted(tokenizer, lambda r, t: "call"), flood, max_turns=3,
+                  per_turn=8, budget=400, cap=64, side="middle")  # fmt: skip
+    episodes, _ = play.run(group, seed=0)
+    assert counting.longest < 20_000  # the megabyte was never tokenised whole
+    chat = ChatFormat(tokenizer)
+    for ep in episodes:
+        # the cut replies leave room to play every turn; each reply was cut once
+        assert ep.status == MAX_TURNS and ep.num_turns == 3 and ep.truncated_observations == 3
+        rebuilt = []
+        for t, turn in enumerate(ep.turns):
+            seen = turn["observation"]  # what goes to rollouts.jsonl
+            assert len(seen) < 500 and "characters truncated ...]" in seen
+            assert MEGABYTE.startswith(seen.split("\n[... ")[0])
+            rebuilt += tokenizer("call", add_special_tokens=False)["input_ids"]
+            rebuilt += [tokenizer.eos_token_id]
+            if t < len(ep.turns) - 1:
+                obs = chat.observation_ids([{"role": "tool", "content": seen}])
+                assert len(obs) <= 64 + 4  # the cap (marker included) and the template's tokens
+                rebuilt += obs
+        assert ep.token_ids == rebuilt  # the model saw exactly the recorded text
+    assert episode_metrics(episodes, "rollout")["rollout/truncated_observations"] == 3.0
+
+
+def test_without_a_cap_a_megabyte_answer_ends_the_episode_at_the_context_limit(tokenizer):
+    flood = {"flood": EnvTypeSpec("test_flood")}
+    play = runner(tokenizer, Scripted(tokenizer, lambda r, t: "call"), flood, budget=400)
+    (ep,), _ = play.run([EpisodeSpec(0, 0, "flood", 1)], seed=0)
+    assert ep.status == CONTEXT_LIMIT and ep.num_turns == 1
+    assert ep.turns[0]["observation"] == MEGABYTE and ep.truncated_observations == 0
 
 
 def test_crashing_and_hanging_environments_end_their_episode_and_the_batch_goes_on(tokenizer):

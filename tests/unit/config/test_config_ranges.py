@@ -5,6 +5,10 @@ import pytest
 from _config_problems import only
 
 from roll_ds.config import load_config
+from roll_ds.config.checks.fields import role_field_problems
+from roll_ds.config.schema import GeneratingArgs, JudgeConfig, RewardConfig
+
+SEED_NOTE = "vLLM's seed range; -1 does not mean random here, pick a seed"
 
 
 def test_zero_micro_batch_is_one_clear_problem():
@@ -23,6 +27,19 @@ def test_zero_micro_batch_is_one_clear_problem():
         ("keep_last=-1", "keep_last: must be >= 0 (0: keep every checkpoint), got -1"),
         ("logging_steps=-1", "logging_steps: must be >= 0 (0 or 1: every step), got -1"),
         ("eval_steps=-2", "eval_steps: must be >= 0 (0: no periodic evaluation), got -2"),
+        # seeds: vLLM refuses one outside 0..2**32 - 1, but only once the actors run
+        ("seed=-1", f"seed: must be in [0, 4294967295] ({SEED_NOTE}), got -1"),
+        ("seed=4294967296", f"seed: must be in [0, 4294967295] ({SEED_NOTE}), got 4294967296"),
+        (
+            "actor_infer.generating_args.seed=-1",
+            "actor_infer.generating_args.seed: must be in [0, 4294967295] "
+            f"({SEED_NOTE}; or null: unseeded, unless the caller seeds), got -1",
+        ),
+        (
+            "validation.generating_args.seed=4294967296",
+            "validation.generating_args.seed: must be in [0, 4294967295] "
+            f"({SEED_NOTE}; or null: unseeded, unless the caller seeds), got 4294967296",
+        ),
         # training_args
         (
             "actor_train.training_args.learning_rate=-1e-5",
@@ -92,7 +109,7 @@ def test_zero_micro_batch_is_one_clear_problem():
         (
             "actor_train.model_args.attn_implementation=flash",
             "actor_train.model_args.attn_implementation: 'flash' is not one of null, eager, sdpa, "
-            "fa2",
+            "fa2, flash_attention_2",
         ),
         # algorithm
         ("algorithm.clip_low=1.0", "algorithm.clip_low: must be in [0, 1), got 1.0"),
@@ -193,3 +210,26 @@ def test_training_args_of_a_role_that_does_not_train_are_not_checked():
         ["reference.training_args.learning_rate=-1", "actor_infer.training_args.adam_beta1=2"],
         check_files=False,
     )
+
+
+def test_seeds_at_the_ends_of_the_range_validate():
+    for seed in (0, 2**32 - 1):
+        cfg = load_config(
+            "rlvr_lora_zero3",
+            [f"seed={seed}", f"actor_infer.generating_args.seed={seed}"],
+            check_files=False,
+        )
+        assert cfg.seed == seed
+
+
+def test_a_judge_seed_is_checked_like_the_rollout_engine_one():
+    judge = RewardConfig(
+        judge=JudgeConfig(template="{question} {response}"),
+        generating_args=GeneratingArgs(seed=-1),
+    )
+    assert role_field_problems("judge", judge) == [
+        "judge.generating_args.seed: must be in [0, 4294967295] "
+        f"({SEED_NOTE}; or null: unseeded, unless the caller seeds), got -1"
+    ]
+    # a reward role that generates nothing does not read its generating_args
+    assert role_field_problems("rule", RewardConfig(generating_args=GeneratingArgs(seed=-1))) == []

@@ -236,19 +236,51 @@ def test_max_model_len_shorter_than_prompt_plus_response():
     msg = only("actor_infer.strategy_args.strategy_config.max_model_len=32")
     assert msg == (
         "actor_infer.strategy_args.strategy_config.max_model_len: 32 is shorter than the longest "
-        "sequence (prompt_length 32 + response_length 8 = 40 tokens); raise it to at least 40 or "
-        "lower prompt_length / response_length"
+        "sequence (prompt_length 32 + response_length 8 = 40 tokens); remove it (or set it to "
+        "null) and the engine gets 40, raise it to at least 40, or lower prompt_length / "
+        "response_length"
     )
-    msg = only("response_length=40")
-    assert "(prompt_length 32 + response_length 40 = 72 tokens); raise it to at least 72" in msg
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides"),
+    [
+        ("agentic_lora_zero3", ["prompt_length=96"]),  # a longer first observation
+        ("rlvr_lora_zero3", ["prompt_length=100"]),
+        (
+            "rlvr_lora_zero3",
+            ["response_length=40", "actor_infer.generating_args.max_new_tokens=40"],
+        ),
+    ],
+)
+def test_raising_the_lengths_alone_validates(config, overrides):
+    # The rollout engine's max_model_len is derived from them (the vllm strategy's), unless
+    # strategy_config sets it: no second edit.
+    cfg = load_config(config, overrides, check_files=False)
+    assert cfg.actor_infer.strategy_args.strategy_config["max_model_len"] is None
+
+
+def test_an_explicit_max_model_len_still_has_to_hold_the_raised_lengths():
+    found = problems(
+        "prompt_length=96",
+        "actor_infer.strategy_args.strategy_config.max_model_len=192",
+        config="agentic_lora_zero3",
+    )
+    assert found == [
+        "actor_infer.strategy_args.strategy_config.max_model_len: 192 is shorter than the longest "
+        "sequence (prompt_length 96 + response_length 160 = 256 tokens); remove it (or set it to "
+        "null) and the engine gets 256, raise it to at least 256, or lower prompt_length / "
+        "response_length"
+    ]
 
 
 def test_max_model_len_counts_the_evaluation_length():
-    msg = only("validation.generating_args.max_new_tokens=40")
+    set_64 = "actor_infer.strategy_args.strategy_config.max_model_len=64"
+    msg = only("validation.generating_args.max_new_tokens=40", set_64)
     assert "prompt_length 32 + validation.generating_args.max_new_tokens 40 = 72 tokens" in msg
     load_config(  # no evaluation: its length does not count
         "rlvr_lora_zero3",
-        ["validation.generating_args.max_new_tokens=40", "eval_steps=0"],
+        ["validation.generating_args.max_new_tokens=40", "eval_steps=0", set_64],
         check_files=False,
     )
 
@@ -256,17 +288,14 @@ def test_max_model_len_counts_the_evaluation_length():
 def test_prompt_plus_response_beyond_the_models_positions(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
     monkeypatch.chdir(PROJECT_ROOT)  # the data files are relative to the project
-    overrides = [
-        f"pretrain={tmp_path}",
-        "actor_infer.strategy_args.strategy_config.max_model_len=null",
-    ]
+    overrides = [f"pretrain={tmp_path}"]
     load_config("rlvr_lora_zero3", overrides)  # 32 + 8 fits in 64
     with pytest.raises(ConfigError) as info:
         load_config("rlvr_lora_zero3", [*overrides, "prompt_length=60"])
     assert info.value.problems == [
         "prompt_length + response_length: the longest sequence (prompt_length 60 + "
-        f"response_length 8 = 68 tokens) exceeds the model's max_position_embeddings 64 "
-        f"({tmp_path}/config.json), which vLLM takes as max_model_len; lower prompt_length / "
+        "response_length 8 = 68 tokens), the rollout engine's max_model_len, exceeds the model's "
+        f"max_position_embeddings 64 ({tmp_path}/config.json); lower prompt_length / "
         "response_length"
     ]
 

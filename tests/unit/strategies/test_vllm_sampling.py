@@ -159,6 +159,25 @@ def test_llm_kwargs_reject_keys_the_strategy_owns():
                    strategy_config=None, is_cuda=False)  # fmt: skip
 
 
+def test_llm_kwargs_max_model_len_is_derived_unless_strategy_config_sets_it():
+    def engine_len(strategy_config, derived):
+        kw = llm_kwargs(
+            model_path="/m",
+            dtype="fp32",
+            seed=0,
+            tensor_parallel_size=1,
+            strategy_config=strategy_config,
+            is_cuda=False,
+            max_model_len=derived,
+        )
+        return kw.get("max_model_len", "vLLM's default")
+
+    assert engine_len(None, 192) == 192
+    assert engine_len({"max_model_len": None}, 192) == 192  # null in the YAML: derived
+    assert engine_len({"max_model_len": 512}, 192) == 512  # the user's value wins
+    assert engine_len({"max_model_len": None}, None) == "vLLM's default"  # e.g. a judge role
+
+
 def test_llm_kwargs_warn_when_rollout_logprobs_leave_the_sampling_distribution():
     with pytest.warns(UserWarning, match="softmax\\(logits / temperature\\)"):
         assert engine_args({"logprobs_mode": "raw_logprobs"})["logprobs_mode"] == "raw_logprobs"
@@ -257,7 +276,12 @@ def test_from_worker_config_flattens_an_omegaconf_role(monkeypatch):
         role.strategy_args.strategy_config = {"enforce_eager": True}
         role.generating_args.temperature = 0.6
         ctx = StrategyContext(
-            pretrain="/models/x", seed=5, max_steps=1, response_length=32, stop_token_ids=(2,)
+            pretrain="/models/x",
+            seed=5,
+            max_steps=1,
+            response_length=32,
+            stop_token_ids=(2,),
+            max_sequence_length=160,
         )
         strategy = VllmStrategy.from_worker_config(role, ctx)
     finally:
@@ -270,6 +294,7 @@ def test_from_worker_config_flattens_an_omegaconf_role(monkeypatch):
     assert strategy.generating_args.temperature == 0.6
     assert role.generating_args.max_new_tokens is None  # the config is not modified
     assert strategy.stop_token_ids == [2]
+    assert strategy.default_max_model_len == 160  # the engine's, unless strategy_config sets one
 
 
 def test_registry_resolves_vllm_to_a_generate_strategy():
