@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from roll_ds.agentic.truncation import ObservationCutter
-from roll_ds.models.embedded import SHIPPED_DIR
+from roll_ds.models.shipped import EMBEDDED_MODEL, resolve_embedded
 
 MEGABYTE = "".join(f"line {i}: value={i * 7919 % 10007} ok\n" for i in range(40_000))[:1_000_000]
 MARKER = re.compile(r"\[\.\.\. (\d+) characters truncated \.\.\.\]")
@@ -46,7 +46,7 @@ def bpe_tokenizer() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="module", params=["embedded", "bpe"])
 def tokenizer(request):
     if request.param == "embedded":
-        return AutoTokenizer.from_pretrained(SHIPPED_DIR)
+        return AutoTokenizer.from_pretrained(resolve_embedded(EMBEDDED_MODEL))
     return bpe_tokenizer()
 
 
