@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from roll_ds.platform import current_platform
 from roll_ds.weight_sync.adapter import AdapterVersions, write_adapter
-from roll_ds.weight_sync.wire import adapter_to_wire, seats_to_wire, tensors_to_wire
+from roll_ds.weight_sync.wire import (
+    adapter_to_wire,
+    seats_to_wire,
+    tensors_to_wire,
+    wire_nbytes,
+)
 from strategies.vllm.stream import RequestStream
 
 if TYPE_CHECKING:
@@ -103,11 +108,11 @@ class WeightSyncMixin:
             stats = write_adapter(named_tensors, self._adapters.config, self._adapters.next_dir())
             return {**stats, **self._serve_new_adapter()}
         if not self._in_process:
-            # The model crosses vLLM's serializer as one host byte buffer (a tensor would arrive
-            # as an untyped list): fine for small models; large ones should go through a group
-            # transport received on the worker side.
+            # The model crosses vLLM's serializer as host byte chunks (a tensor would arrive as
+            # an untyped list; one byte string may not reach 4 GiB): fine for small models;
+            # large ones should go through a group transport received on the worker side.
             payload = tensors_to_wire(named_tensors)
-            self._warn_host_copy(len(payload["data"]))
+            self._warn_host_copy(wire_nbytes(payload))
         with self._engine_rpc() as llm:
             if self._in_process:
                 stats = llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))

@@ -6,7 +6,7 @@
 - one GPU, no Ray or vLLM: the CUDA IPC plane between two processes, two buckets (the second
   larger, so the send buffer is re-exported), received bit for bit;
 - one GPU, object_store: the whole model crosses vLLM's process boundary (collective_rpc into
-  the engine core's worker) as plain bytes, with parity;
+  the engine core's worker) as byte chunks (``wire.WIRE_CHUNK_BYTES``), with parity;
 - two GPUs: the 16-GPU example in miniature. Two ZeRO-3 train ranks and one TP=2 vLLM engine on
   GPUs 0-1, in the rollout actor (vLLM's ``mp`` executor inside a placement group); each TP
   worker reads the buckets of the train rank on its own GPU by CUDA IPC (two groups, paired by
