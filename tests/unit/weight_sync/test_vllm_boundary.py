@@ -27,6 +27,7 @@ from vllm.v1.engine.core import EngineCore, EngineCoreProc  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder, UtilityResult  # noqa: E402
 
 from roll_ds.weight_sync.group import GroupSpec  # noqa: E402
+from roll_ds.weight_sync.wire import tensors_to_wire  # noqa: E402
 from strategies.vllm import VllmStrategy  # noqa: E402
 from strategies.vllm.worker_ext import RollDsWorkerExtension  # noqa: E402
 
@@ -307,6 +308,63 @@ def test_a_tensor_of_4_gib_goes_out_as_views_under_the_limit():
     assert len(lengths) == -(-(GIB4 + 16) // WIRE_CHUNK_BYTES)
     first = torch.frombuffer(payload["chunks"][0], dtype=torch.uint8)
     assert first.data_ptr() == big.data_ptr()  # a view, not a copy
+
+
+# --- after a sync the worker gives its cached GPU memory back -----------------------------
+
+
+class EventMember(FakeMember):
+    def __init__(self, tensors, events: list[str]) -> None:
+        super().__init__(tensors)
+        self.events = events
+
+    def receive(self, load, plane):
+        out = super().receive(load, plane)
+        self.events.append("received")
+        return out
+
+
+@pytest.fixture
+def cache_events(monkeypatch) -> list[str]:
+    """Calls of ``torch.cuda.empty_cache`` (the boundary: no GPU here) recorded in order."""
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    return events
+
+
+@pytest.mark.parametrize("sync", ["group", "packed"])
+def test_a_sync_on_a_gpu_worker_ends_by_emptying_the_cuda_cache(cache_events, sync):
+    worker = FakeWorker()
+    worker.device = torch.device("cuda", 0)
+    worker._roll_ds_member = EventMember(model_tensors()[:1], cache_events)
+    strategy = strategy_over([worker])
+    if sync == "group":
+        strategy.receive_from_group("broadcast")
+        assert cache_events == ["received", "empty_cache"]  # after the buckets are freed
+    else:
+        strategy.load_weights(iter(model_tensors()))
+        assert cache_events == ["empty_cache"]
+
+
+def test_a_failed_reload_still_empties_the_cuda_cache(cache_events):
+    worker = FakeWorker()
+    worker.device = torch.device("cuda", 0)
+
+    def fail(weights_iterator):
+        raise RuntimeError("reload failed")
+
+    worker.model_runner.reload_weights = fail
+    with pytest.raises(RuntimeError, match="reload failed"):
+        worker.roll_ds_reload_packed(across_the_boundary("m", (tensors_to_wire([]),))[0])
+    assert cache_events == ["empty_cache"]
+
+
+def test_a_cpu_worker_leaves_the_cache_alone(cache_events):
+    worker = FakeWorker()
+    worker._roll_ds_member = EventMember(model_tensors()[:1], cache_events)
+    strategy_over([worker]).receive_from_group("broadcast")
+    assert cache_events == ["received"]
+    assert worker.roll_ds_device_memory() == {"allocated": 0, "reserved": 0}
 
 
 def test_tensors_made_and_dropped_one_by_one_each_cross_as_themselves():
