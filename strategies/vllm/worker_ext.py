@@ -37,6 +37,7 @@ Importing this module must not import vLLM (it is also used by pure unit tests).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -163,6 +164,35 @@ def reload_weights_checked(
     }
 
 
+def model_runner_problems(runner: Any) -> list[str]:
+    """What ``runner`` lacks of what this extension calls on vLLM's model runner
+    (``reload_weights(weights_iterator=...)``, ``get_model()``; on an instance also
+    ``model_config.hf_config``), named after its class; empty when it has everything. vLLM's
+    workers build one of two runner classes, V1 or Model Runner V2
+    (``strategies.vllm.start.MODEL_RUNNERS``), and roll_ds needs the same from both."""
+    cls = runner if isinstance(runner, type) else type(runner)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    problems = []
+    reload = getattr(runner, "reload_weights", None)
+    if not callable(reload):
+        problems.append(f"{name}.reload_weights")
+    elif "weights_iterator" not in _parameter_names(reload):
+        problems.append(f"{name}.reload_weights(weights_iterator=...)")
+    if not callable(getattr(runner, "get_model", None)):
+        problems.append(f"{name}.get_model()")
+    hf_config = getattr(getattr(runner, "model_config", None), "hf_config", None)
+    if not isinstance(runner, type) and hf_config is None:  # an instance's attribute
+        problems.append(f"{name}.model_config.hf_config")
+    return problems
+
+
+def _parameter_names(fn: Callable[..., Any]) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # no signature to read
+        return set()
+
+
 def tie_word_embeddings(worker: Any) -> bool:
     hf_config = worker.model_runner.model_config.hf_config
     text_config = (
@@ -221,6 +251,16 @@ class RollDsWorkerExtension:
 
     def roll_ds_tie_word_embeddings(self) -> bool:
         return tie_word_embeddings(self)
+
+    def roll_ds_model_runner(self) -> dict[str, Any]:
+        """The class of this worker's model runner (vLLM picks V1 or Model Runner V2 when the
+        engine starts) and what it lacks of what this extension calls on it."""
+        runner = self.model_runner
+        cls = type(runner)
+        return {
+            "runner": f"{cls.__module__}.{cls.__qualname__}",
+            "problems": model_runner_problems(runner),
+        }
 
     def roll_ds_device_memory(self) -> dict[str, int]:
         """This worker's torch allocator figures on its GPU, in bytes (``allocated``,
