@@ -59,7 +59,10 @@ def build_engine(
     if "optimizer" in ds_config:
         section_fallback(ds_config)
         optimizer = None
-        model_parameters = param_groups(params, targs.weight_decay)
+        # a group's weight_decay overrides the optimizer's: the section's (filled from the
+        # training args where it is "auto") is the one to give the decayed group
+        section = ds_config["optimizer"].get("params") or {}
+        model_parameters = param_groups(params, section.get("weight_decay", targs.weight_decay))
     else:
         optimizer = build_optimizer(params, targs, ds_config)
         model_parameters = None

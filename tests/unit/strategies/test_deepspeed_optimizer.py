@@ -111,7 +111,7 @@ ENGINE = textwrap.dedent(
 
     ds = json.loads(sys.argv[1])
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-    engine, _, _ = build_engine(model, ds, TrainingArgs(weight_decay=0.1), max_steps=2)
+    engine, _, _ = build_engine(model, ds, TrainingArgs(weight_decay=0.0), max_steps=2)
     opt = engine.basic_optimizer
     print(json.dumps({"type": type(opt).__name__, "lr": opt.defaults["lr"],
                       "betas": list(opt.defaults["betas"]), "eps": opt.defaults["eps"],
@@ -121,7 +121,8 @@ ENGINE = textwrap.dedent(
 
 
 def test_deepspeed_builds_torch_adamw_from_the_section_when_fused_adam_cannot_build():
-    """Without the fallback, deepspeed.initialize raised FusedAdam's build error here."""
+    """Without the fallback, deepspeed.initialize raised FusedAdam's build error here. The
+    section's weight decay (0.1) is the decayed group's, not the training args' (0.0)."""
     cfg = {
         **ds_config(),
         "zero_optimization": {"stage": 0},
