@@ -57,6 +57,16 @@ def vllm_lora_rank(rank: int) -> int:
     return fits[0]
 
 
+def host_copies(workers: int) -> int:
+    """About how many host copies of the model one ``load_weights`` makes across vLLM's
+    process boundary (``roll_ds.weight_sync.wire``): the message frame here, then in the engine
+    process the received frame and the decoded chunks; with tensor parallel > 1 the engine
+    forwards the call to its worker processes (vLLM's shared-memory queue pickles it: the
+    pickle stream and its copy out, then each worker's received copy and its unpickled
+    chunks)."""
+    return 3 if workers == 1 else 5 + 2 * workers
+
+
 class WeightSyncMixin:
     """``VllmStrategy``'s side of a weight sync; see the module docstring."""
 
@@ -122,22 +132,24 @@ class WeightSyncMixin:
         return stats[0]
 
     def _warn_host_copy(self, nbytes: int) -> None:
-        """On GPU, a sync through this process copies the whole model to host memory here and
-        once more into every vLLM worker process: say what that costs, once."""
+        """On GPU, a sync through this process copies the whole model through host memory
+        (``host_copies``): say what that costs, once."""
         if getattr(self, "_host_copy_warned", False) or not current_platform().is_cuda:
             return
         if nbytes >= HOST_COPY_WARN_BYTES:
             self._host_copy_warned = True
             workers = self.tensor_parallel_size
+            copies = host_copies(workers)
             logger.warning(
-                "weight sync through the rollout actor (object_store): each sync copies the "
-                "%.2f GB model to this actor's host memory and serializes it to each of the %d "
-                "vLLM worker(s), about %.2f GB of host memory per engine per sync; "
+                "weight sync through the rollout actor (object_store): each sync serializes the "
+                "%.2f GB model into vLLM's message to its engine process and on to %d vLLM "
+                "worker(s), about %d host copies (%.2f GB) per engine per sync; "
                 "weight_sync.transport=cuda_ipc (colocated) or collective (separate GPUs) move "
                 "it GPU to GPU",
                 nbytes / 1e9,
                 workers,
-                nbytes * (1 + workers) / 1e9,
+                copies,
+                nbytes * copies / 1e9,
             )
 
     # group transports: every vLLM worker is a member of the weight-sync group and receives

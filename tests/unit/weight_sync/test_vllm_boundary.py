@@ -380,3 +380,25 @@ def test_tensors_made_and_dropped_one_by_one_each_cross_as_themselves():
     for name, got in tensors_from_wire(crossed):
         i = int(name[1:])
         assert torch.equal(got, torch.full((i % 7 + 1, 3), float(i))), name
+
+
+@pytest.mark.parametrize(("tp", "copies"), [(1, 3), (2, 9)])
+def test_a_large_sync_on_a_gpu_says_its_host_copies_once(monkeypatch, caplog, tp, copies):
+    import logging
+
+    from roll_ds.platform import CUDA, use_platform
+    from strategies.vllm import weight_sync
+
+    monkeypatch.setattr(weight_sync, "HOST_COPY_WARN_BYTES", 64)
+    workers = [FakeWorker(rank=r) for r in range(tp)]
+    strategy = strategy_over(workers)
+    strategy.tensor_parallel_size = tp
+    previous = use_platform(CUDA)
+    try:
+        with caplog.at_level(logging.WARNING, logger=weight_sync.__name__):
+            strategy.load_weights(iter(model_tensors()))
+            strategy.load_weights(iter(model_tensors()))
+    finally:
+        use_platform(previous)
+    (record,) = caplog.records
+    assert f"about {copies} host copies" in record.getMessage()
