@@ -488,9 +488,8 @@ class DeepSpeedTrainStrategy:
         """Free the GPU for colocated rollout engines: DeepSpeed's ``engine.offload_states``
         moves what ``offload.offload_targets`` says it can (ZeRO 1-3: parameter shards,
         gradients, fp32 master weights, Adam states) to pinned host memory, then a LoRA base
-        kept whole follows and the cache is emptied again (``offload.offload_frozen_base``).
-        What stays on the GPU, and why, is logged once (ZeRO-0 keeps everything). On CPU the
-        states already live in host memory: a no-op. Idempotent."""
+        kept whole (``offload.offload_frozen_base``, which empties the cache again). What stays
+        on the GPU, and why, is logged once. On CPU a no-op. Idempotent."""
         if self._offloaded:
             return
         include = self._offload_include()
