@@ -1,10 +1,10 @@
 """A colocated trainer's offload on one GPU, without vLLM or Ray (``bash scripts/test.sh -m
 gpu``): a LoRA model under the ZeRO-3 preset with its frozen base kept whole
-(``zero3_frozen_base: whole``) trains a step, then ``offload_states`` must leave the trainer's
-caching allocator holding little GPU memory. DeepSpeed's ``offload_states`` empties the cache
-before the base moves, so without the trainer's own ``empty_cache`` afterwards the base's
-blocks stayed reserved (about 15 GB for a 7B base in bf16) while vLLM woke its KV cache.
-Skipped without CUDA."""
+(``zero3_frozen_base: whole``) trains a step, then ``offload_states`` must leave little GPU
+memory cached but unused in the trainer's allocator (``memory_reserved - memory_allocated``).
+DeepSpeed's ``offload_states`` empties the cache before the base moves, so without the trainer's
+own ``empty_cache`` afterwards the base's blocks stayed reserved (about 15 GB for a 7B base in
+bf16) while vLLM woke its KV cache. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -83,5 +83,7 @@ def test_offload_leaves_little_reserved_on_the_trainers_gpu(base_qwen2_dir):
     print(f"\ntrainer GPU memory (MiB): {mib}")
     assert res["base_bytes"] > 64 * MIB and res["base_on_gpu"] == 0
     assert res["reserved_trained"] > res["base_bytes"]
-    assert res["reserved_offloaded"] < res["base_bytes"] / 4, res
+    # what the allocator keeps cached but unused (library workspaces stay allocated either way)
+    cached_free = res["reserved_offloaded"] - res["allocated_offloaded"]
+    assert cached_free < res["base_bytes"] / 4, res
     assert math.isfinite(res["loss_after_reload"])  # trains on after the reload
