@@ -12,9 +12,16 @@ arrives is therefore msgpack's own types, whatever was sent:
                                   the *index* of a side frame the untyped decode drops
 
 So everything roll_ds sends is converted here to dicts, lists, str, int, float, bool, None and
-``bytes`` (weights as one flat byte buffer per bucket, laid out like every transport's buckets:
-``base.layout``), and the worker extension rebuilds the typed objects from it. The same
-functions serve the in-process engine, so one path is tested on CPU either way.
+byte strings, and the worker extension rebuilds the typed objects from it. The same functions
+serve the in-process engine, so one path is tested on CPU either way.
+
+Weights cross as byte chunks of at most ``WIRE_CHUNK_BYTES``: msgspec refuses a byte string of
+2**32 bytes or more inside a message (``Can't encode bytes-like objects longer than 2**32 - 1``),
+and a whole bf16 model of ~2.1B parameters or more is that long. A chunk is a zero-copy view of
+one tensor's host bytes (a tensor longer than the limit is split over several chunks), so the
+sending side copies the model once, into vLLM's message frame, and the receiving side once more,
+out of it (``bytes`` per chunk); the tensors it rebuilds view those bytes, except a tensor split
+over several chunks, which is joined (a copy of that tensor alone).
 
 Light: importing this module imports neither torch nor vLLM.
 """
@@ -26,12 +33,20 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from roll_ds.weight_sync.base import TensorMeta, pack_bucket, unpack_bucket
+from roll_ds.weight_sync.base import _flat_bytes
 from roll_ds.weight_sync.group import GroupSpec
 
 if TYPE_CHECKING:
+    import torch
+
     from roll_ds.weight_sync.base import Bucket
     from roll_ds.weight_sync.endpoint import Seat
+
+# msgspec's limit on one byte string inside a message (msgpack's bin 32)
+MSGPACK_BIN_MAX = 2**32 - 1
+# The largest chunk of weight bytes one byte string carries across vLLM's serializer: well under
+# MSGPACK_BIN_MAX, and under 2**31 for any reader that takes lengths as signed 32-bit.
+WIRE_CHUNK_BYTES = 1 << 30
 
 
 def seats_to_wire(seats: Sequence[Seat]) -> list[dict[str, Any]]:
@@ -56,36 +71,80 @@ def adapter_to_wire(directory: str, config: Mapping[str, Any]) -> dict[str, Any]
     return {"directory": str(directory), "config": dict(config)}
 
 
-def tensors_to_wire(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    """``(name, tensor)`` pairs (a whole model for one reload) as one bucket of plain data:
-    ``{"metas": [{name, dtype, shape, offset, nbytes}, ...], "data": bytes}``. A tensor sent
-    under two names (a tied head) is laid out once. Tensors are copied to host memory."""
-    bucket: Bucket = list(named_tensors)
-    buffer, metas = pack_bucket(bucket, device="cpu")
-    return {
-        "metas": [dataclasses.asdict(m) | {"shape": list(m.shape)} for m in metas],
-        "data": buffer.numpy().tobytes(),
-    }
+def tensors_to_wire(
+    named_tensors: Iterable[tuple[str, Any]], chunk_bytes: int | None = None
+) -> dict[str, Any]:
+    """``(name, tensor)`` pairs (a whole model for one reload) as plain data::
+
+        {"tensors": [{"dtype", "shape", "chunks": [first, stop]}, ...],  # distinct tensors
+         "names": [[name, tensor index], ...],
+         "chunks": [byte string, ...]}                    # each <= chunk_bytes
+
+    ``chunk_bytes`` defaults to ``WIRE_CHUNK_BYTES``. A tensor sent under two names (a tied head)
+    crosses once. A chunk views the tensor's bytes where they are already contiguous in host
+    memory (a ``memoryview``, no copy; the caller's tensors must stay unchanged until the
+    payload is sent); other tensors (on a GPU, non-contiguous) are copied to host memory first,
+    one at a time."""
+    limit = WIRE_CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+    if not 0 < limit <= MSGPACK_BIN_MAX:
+        raise ValueError(f"chunk_bytes must be in 1..{MSGPACK_BIN_MAX}, got {limit}")
+    tensors: list[dict[str, Any]] = []
+    names: list[list[Any]] = []
+    chunks: list[memoryview] = []
+    index: dict[int, int] = {}  # id(tensor) -> its entry in `tensors`
+    seen: list[Any] = []  # every tensor met stays alive, so that no id is reused meanwhile
+    for name, tensor in named_tensors:
+        if id(tensor) not in index:
+            index[id(tensor)] = len(tensors)
+            seen.append(tensor)
+            first = len(chunks)
+            chunks.extend(_host_chunks(tensor, limit))
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            tensors.append(
+                {"dtype": dtype, "shape": list(tensor.shape), "chunks": [first, len(chunks)]}
+            )
+        names.append([name, index[id(tensor)]])
+    return {"tensors": tensors, "names": names, "chunks": chunks}
+
+
+def wire_nbytes(payload: Mapping[str, Any]) -> int:
+    """The weight bytes a ``tensors_to_wire`` payload carries."""
+    return sum(len(memoryview(c)) for c in payload["chunks"])
+
+
+def _host_chunks(tensor: Any, limit: int) -> list[memoryview]:
+    """``tensor``'s bytes in host memory as views of at most ``limit`` bytes each."""
+    flat = _flat_bytes(tensor)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    data = memoryview(flat.numpy())
+    return [data[i : i + limit] for i in range(0, len(data), limit)]
 
 
 def tensors_from_wire(payload: Mapping[str, Any]) -> Bucket:
-    """The ``(name, tensor)`` pairs of ``tensors_to_wire``'s payload: views into one buffer over
-    the received bytes (read-only; the loader only reads them)."""
+    """The ``(name, tensor)`` pairs of ``tensors_to_wire``'s payload: views of the received
+    chunks (read-only; the loader only reads them), a tensor split over several chunks joined
+    into one buffer of its own. Names of one tensor share the tensor object."""
+    chunks = payload["chunks"]
+    for chunk in chunks:
+        if not isinstance(chunk, bytes | bytearray | memoryview):
+            raise TypeError(
+                f"weight payload: a chunk arrived as {type(chunk).__name__}, not bytes (a "
+                "tensor sent through vLLM's serializer arrives as an untyped list; send "
+                "tensors_to_wire)"
+            )
+    built = [_from_chunks(t, chunks[slice(*t["chunks"])]) for t in payload["tensors"]]
+    return [(name, built[i]) for name, i in payload["names"]]
+
+
+def _from_chunks(entry: Mapping[str, Any], chunks: Sequence[Any]) -> torch.Tensor:
     import torch
 
-    metas = [
-        TensorMeta(m["name"], m["dtype"], tuple(m["shape"]), m["offset"], m["nbytes"])
-        for m in payload["metas"]
-    ]
-    data = payload["data"]
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise TypeError(
-            f"weight payload: 'data' arrived as {type(data).__name__}, not bytes (a tensor "
-            "sent through vLLM's serializer arrives as an untyped list; send tensors_to_wire)"
-        )
-    if len(data) == 0:
-        return unpack_bucket(torch.empty(0, dtype=torch.uint8), metas)
-    with warnings.catch_warnings():  # msgpack's bytes are read-only
+    dtype, shape = getattr(torch, entry["dtype"]), tuple(entry["shape"])
+    if not chunks:  # no elements
+        return torch.empty(shape, dtype=dtype)
+    with warnings.catch_warnings():  # msgpack's bytes are read-only; the loader only reads
         warnings.filterwarnings("ignore", message=".*not writable.*")
-        buffer = torch.frombuffer(data, dtype=torch.uint8)
-    return unpack_bucket(buffer, metas)
+        pieces = [torch.frombuffer(c, dtype=torch.uint8) for c in chunks]
+    raw = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    return raw.view(dtype).view(shape)

@@ -5,10 +5,19 @@ The optimizer is AdamW: DeepSpeed's own when the config has an ``optimizer`` sec
 when optimizer states are offloaded, and ``torch.optim.AdamW`` for on-device states on CPU
 (nothing to JIT-compile). The LR schedule is linear warmup then constant / linear / cosine decay
 over ``max_steps`` optimizer steps. Weight decay applies to matrices only.
+
+An op that cannot be built (an image without nvcc or DeepSpeed's prebuilt ops, no compiler) is
+not fatal for AdamW, with or without a section: without one, torch's AdamW is built instead; an
+Adam/AdamW section whose op (FusedAdam, or CPUAdam with the optimizer offloaded) fails to build
+is switched to DeepSpeed's own ``torch_adam`` (torch's AdamW / Adam from the same section
+params), with a warning naming the op and why (``section_fallback``). The same maths, so a run
+trains where the image lacks a compiler instead of failing at start; a section param torch's
+optimizer does not take fails at start naming it. Other section types keep DeepSpeed's error.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,6 +31,10 @@ from strategies import _common
 from strategies.deepspeed.ops import OpBuildTimeout, load_ops
 
 logger = logging.getLogger(__name__)
+
+ADAM_TYPES = ("adam", "adamw")  # DeepSpeed's ADAM_OPTIMIZER / ADAMW_OPTIMIZER
+# section params DeepSpeed itself takes out before building torch's optimizer (torch_adam path)
+DS_KEYS = frozenset(("torch_adam", "adam_w_mode", "fp32_optimizer_states"))
 
 
 def build_engine(
@@ -44,8 +57,12 @@ def build_engine(
         kind=targs.lr_scheduler_type,
     )
     if "optimizer" in ds_config:
+        section_fallback(ds_config)
         optimizer = None
-        model_parameters = param_groups(params, targs.weight_decay)
+        # a group's weight_decay overrides the optimizer's: the section's (filled from the
+        # training args where it is "auto") is the one to give the decayed group
+        section = ds_config["optimizer"].get("params") or {}
+        model_parameters = param_groups(params, section.get("weight_decay", targs.weight_decay))
     else:
         optimizer = build_optimizer(params, targs, ds_config)
         model_parameters = None
@@ -98,6 +115,69 @@ def build_optimizer(
             logger.warning("FusedAdam unavailable (%s); using torch AdamW(fused)", exc)
             return torch.optim.AdamW(groups, fused=True, **kwargs)
     return torch.optim.AdamW(groups, **kwargs)
+
+
+def section_op(ds_config: Mapping[str, Any]) -> str | None:
+    """The op builder DeepSpeed loads for the config's ``optimizer`` section when it is Adam or
+    AdamW (``engine.get_optimizer_configuration``): ``CPUAdamBuilder`` with the optimizer
+    offloaded (cpu or nvme), else ``FusedAdamBuilder``; None with ``params.torch_adam`` or
+    another type."""
+    section = ds_config.get("optimizer") or {}
+    if str(section.get("type", "")).lower() not in ADAM_TYPES:
+        return None
+    if (section.get("params") or {}).get("torch_adam"):
+        return None
+    if offload_devices(ds_config).get("offload_optimizer") in ("cpu", "nvme"):
+        return "CPUAdamBuilder"
+    return "FusedAdamBuilder"
+
+
+def section_fallback(ds_config: dict[str, Any]) -> None:
+    """Build the op of an Adam/AdamW ``optimizer`` section now (cached for
+    ``deepspeed.initialize``); if it cannot be built, switch the section to torch's optimizer
+    with the same params (``torch_adam``), warning why. Raises ``ValueError`` naming a section
+    param torch's optimizer does not take."""
+    op = section_op(ds_config)
+    if op is None:
+        return
+    try:
+        load_ops(lambda: _load_op(op))
+        return
+    except OpBuildTimeout:
+        raise  # another process is still building it: every rank must use the same optimizer
+    except Exception as exc:  # no nvcc, no prebuilt op, no compiler
+        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    section = ds_config["optimizer"]
+    params = dict(section.get("params") or {})
+    alien = sorted(set(params) - set(inspect.signature(torch.optim.AdamW).parameters) - DS_KEYS)
+    if alien:
+        raise ValueError(
+            f"strategy_config.optimizer (type {section['type']}): DeepSpeed's {op} op cannot be "
+            f"built here ({why}), and torch's AdamW, the fallback, takes no "
+            f"{', '.join(f'params.{k}' for k in alien)}; remove them, or make the op buildable "
+            "(a CUDA toolkit with nvcc matching torch, or DeepSpeed installed with prebuilt ops: "
+            "DS_BUILD_OPS=1)"
+        )
+    logger.warning(
+        "strategy_config.optimizer (type %s): DeepSpeed's %s op cannot be built here (%s); "
+        "using torch's optimizer with the same params instead (optimizer.params.torch_adam: "
+        "true). For DeepSpeed's op, install a CUDA toolkit with nvcc matching torch, or "
+        "DeepSpeed with prebuilt ops (DS_BUILD_OPS=1)",
+        section["type"],
+        op,
+        why,
+    )
+    params["torch_adam"] = True
+    ds_config["optimizer"] = {**section, "params": params}
+    if op == "CPUAdamBuilder":  # ZeRO-Offload then runs torch's optimizer on the host
+        ds_config["zero_force_ds_cpu_optimizer"] = False
+
+
+def _load_op(builder: str) -> Any:
+    """Load DeepSpeed's op ``builder`` as its optimizer would (JIT-building it if need be)."""
+    from deepspeed.ops import op_builder
+
+    return getattr(op_builder, builder)().load()
 
 
 def param_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:

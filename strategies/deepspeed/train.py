@@ -487,16 +487,16 @@ class DeepSpeedTrainStrategy:
     def offload_states(self) -> None:
         """Free the GPU for colocated rollout engines: DeepSpeed's ``engine.offload_states``
         moves what ``offload.offload_targets`` says it can (ZeRO 1-3: parameter shards,
-        gradients, fp32 master weights, Adam states) to pinned host memory. What stays on the
-        GPU, and why, is logged once (ZeRO-0 keeps everything). On CPU the states already live
-        in host memory: a no-op. Idempotent."""
+        gradients, fp32 master weights, Adam states) to pinned host memory, then a LoRA base
+        kept whole (``offload.offload_frozen_base``, which empties the cache again). What stays
+        on the GPU, and why, is logged once. On CPU a no-op. Idempotent."""
         if self._offloaded:
             return
         include = self._offload_include()
         if include:
             offload.offload_engine_states(self.engine, include)
         if self.device.type != "cpu":  # a LoRA base kept out of ZeRO-3 (zero3_frozen_base)
-            move_frozen_base(self.module, "cpu")
+            offload.offload_frozen_base(self.module)
         self._offloaded = True
 
     def reload_states(self) -> None:

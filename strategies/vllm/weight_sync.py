@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from roll_ds.platform import current_platform
 from roll_ds.weight_sync.adapter import AdapterVersions, write_adapter
-from roll_ds.weight_sync.wire import adapter_to_wire, seats_to_wire, tensors_to_wire
+from roll_ds.weight_sync.wire import (
+    adapter_to_wire,
+    seats_to_wire,
+    tensors_to_wire,
+    wire_nbytes,
+)
 from strategies.vllm.stream import RequestStream
 
 if TYPE_CHECKING:
@@ -50,6 +55,16 @@ def vllm_lora_rank(rank: int) -> int:
             f"{VLLM_LORA_RANKS[0]}..{VLLM_LORA_RANKS[-1]}; use weight_sync.lora_sync=merged"
         )
     return fits[0]
+
+
+def host_copies(workers: int) -> int:
+    """About how many host copies of the model one ``load_weights`` makes across vLLM's
+    process boundary (``roll_ds.weight_sync.wire``): the message frame here, then in the engine
+    process the received frame and the decoded chunks; with tensor parallel > 1 the engine
+    forwards the call to its worker processes (vLLM's shared-memory queue pickles it: the
+    pickle stream and its copy out, then each worker's received copy and its unpickled
+    chunks)."""
+    return 3 if workers == 1 else 5 + 2 * workers
 
 
 class WeightSyncMixin:
@@ -103,11 +118,11 @@ class WeightSyncMixin:
             stats = write_adapter(named_tensors, self._adapters.config, self._adapters.next_dir())
             return {**stats, **self._serve_new_adapter()}
         if not self._in_process:
-            # The model crosses vLLM's serializer as one host byte buffer (a tensor would arrive
-            # as an untyped list): fine for small models; large ones should go through a group
-            # transport received on the worker side.
+            # The model crosses vLLM's serializer as host byte chunks (a tensor would arrive as
+            # an untyped list; one byte string may not reach 4 GiB): fine for small models;
+            # large ones should go through a group transport received on the worker side.
             payload = tensors_to_wire(named_tensors)
-            self._warn_host_copy(len(payload["data"]))
+            self._warn_host_copy(wire_nbytes(payload))
         with self._engine_rpc() as llm:
             if self._in_process:
                 stats = llm.collective_rpc("roll_ds_reload_weights", args=(named_tensors,))
@@ -117,22 +132,24 @@ class WeightSyncMixin:
         return stats[0]
 
     def _warn_host_copy(self, nbytes: int) -> None:
-        """On GPU, a sync through this process copies the whole model to host memory here and
-        once more into every vLLM worker process: say what that costs, once."""
+        """On GPU, a sync through this process copies the whole model through host memory
+        (``host_copies``): say what that costs, once."""
         if getattr(self, "_host_copy_warned", False) or not current_platform().is_cuda:
             return
         if nbytes >= HOST_COPY_WARN_BYTES:
             self._host_copy_warned = True
             workers = self.tensor_parallel_size
+            copies = host_copies(workers)
             logger.warning(
-                "weight sync through the rollout actor (object_store): each sync copies the "
-                "%.2f GB model to this actor's host memory and serializes it to each of the %d "
-                "vLLM worker(s), about %.2f GB of host memory per engine per sync; "
+                "weight sync through the rollout actor (object_store): each sync serializes the "
+                "%.2f GB model into vLLM's message to its engine process and on to %d vLLM "
+                "worker(s), about %d host copies (%.2f GB) per engine per sync; "
                 "weight_sync.transport=cuda_ipc (colocated) or collective (separate GPUs) move "
                 "it GPU to GPU",
                 nbytes / 1e9,
                 workers,
-                nbytes * (1 + workers) / 1e9,
+                copies,
+                nbytes * copies / 1e9,
             )
 
     # group transports: every vLLM worker is a member of the weight-sync group and receives

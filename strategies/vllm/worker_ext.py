@@ -25,17 +25,24 @@ every argument crosses vLLM's msgpack serializer and arrives untyped (a dataclas
 tensor as a list): the strategy sends plain data only (``roll_ds.weight_sync.wire``), and these
 methods rebuild the typed objects (``seat_from_wire``, ``tensors_from_wire``).
 
+Memory. What a sync allocates on the GPU here lies outside vLLM's memory budget (the group
+transports' receive buckets, copies out of CUDA IPC buffers, the reload's materialised layer):
+every ``roll_ds_*`` method that reloads empties torch's CUDA cache when it ends
+(``releases_cached_memory``), so the worker's reserved memory returns to its level before the
+sync.
+
 Importing this module must not import vLLM (it is also used by pure unit tests).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from roll_ds.weight_sync.adapter import write_adapter
 from roll_ds.weight_sync.wire import seat_from_wire, tensors_from_wire
@@ -50,6 +57,8 @@ LM_HEAD_NAME = "lm_head.weight"
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader"
 FAILURE_MARKERS = ("Failed to load weights", "weights were not loaded")
+
+T = TypeVar("T")
 
 
 def with_tied_lm_head(
@@ -155,6 +164,35 @@ def reload_weights_checked(
     }
 
 
+def model_runner_problems(runner: Any) -> list[str]:
+    """What ``runner`` lacks of what this extension calls on vLLM's model runner
+    (``reload_weights(weights_iterator=...)``, ``get_model()``; on an instance also
+    ``model_config.hf_config``), named after its class; empty when it has everything. vLLM's
+    workers build one of two runner classes, V1 or Model Runner V2
+    (``strategies.vllm.start.MODEL_RUNNERS``), and roll_ds needs the same from both."""
+    cls = runner if isinstance(runner, type) else type(runner)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    problems = []
+    reload = getattr(runner, "reload_weights", None)
+    if not callable(reload):
+        problems.append(f"{name}.reload_weights")
+    elif "weights_iterator" not in _parameter_names(reload):
+        problems.append(f"{name}.reload_weights(weights_iterator=...)")
+    if not callable(getattr(runner, "get_model", None)):
+        problems.append(f"{name}.get_model()")
+    hf_config = getattr(getattr(runner, "model_config", None), "hf_config", None)
+    if not isinstance(runner, type) and hf_config is None:  # an instance's attribute
+        problems.append(f"{name}.model_config.hf_config")
+    return problems
+
+
+def _parameter_names(fn: Callable[..., Any]) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # no signature to read
+        return set()
+
+
 def tie_word_embeddings(worker: Any) -> bool:
     hf_config = worker.model_runner.model_config.hf_config
     text_config = (
@@ -167,17 +205,45 @@ def _ignore(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]
     return {}
 
 
+def release_cached_memory(device: Any) -> None:
+    """Give the GPU back what torch's caching allocator holds free in this worker. A sync
+    allocates outside vLLM's memory budget (a collective's receive buckets, the copies out of
+    CUDA IPC buffers, the layer-wise reload's materialised layer): freed after it but, without
+    this, kept reserved by this process while vLLM sizes or wakes its KV cache. Off CUDA a
+    no-op."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def releases_cached_memory(method: Callable[..., T]) -> Callable[..., T]:
+    """A worker-extension method after which (returning or raising) ``release_cached_memory``
+    runs on the worker's device."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            release_cached_memory(getattr(self, "device", "cpu"))
+
+    return wrapper
+
+
 class RollDsWorkerExtension:
     """Mixed into vLLM's worker class; every name starts with ``roll_ds_`` (``_roll_ds_`` when
     private) so it cannot clash with the worker's own attributes (vLLM asserts there is no
     clash)."""
 
+    @releases_cached_memory
     def roll_ds_reload_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]]
     ) -> dict[str, Any]:
         """In-process engines only: the caller's iterator, handed over as is."""
         return reload_weights_checked(self, named_tensors)
 
+    @releases_cached_memory
     def roll_ds_reload_packed(self, payload: dict[str, Any]) -> dict[str, Any]:
         """A whole model as plain data (``roll_ds.weight_sync.wire.tensors_to_wire``): what
         crosses vLLM's process boundary."""
@@ -185,6 +251,29 @@ class RollDsWorkerExtension:
 
     def roll_ds_tie_word_embeddings(self) -> bool:
         return tie_word_embeddings(self)
+
+    def roll_ds_model_runner(self) -> dict[str, Any]:
+        """The class of this worker's model runner (vLLM picks V1 or Model Runner V2 when the
+        engine starts) and what it lacks of what this extension calls on it."""
+        runner = self.model_runner
+        cls = type(runner)
+        return {
+            "runner": f"{cls.__module__}.{cls.__qualname__}",
+            "problems": model_runner_problems(runner),
+        }
+
+    def roll_ds_device_memory(self) -> dict[str, int]:
+        """This worker's torch allocator figures on its GPU, in bytes (``allocated``,
+        ``reserved``; zeros on CPU): what a sync leaves behind shows here."""
+        import torch
+
+        device = torch.device(getattr(self, "device", "cpu"))
+        if device.type != "cuda":
+            return {"allocated": 0, "reserved": 0}
+        return {
+            "allocated": int(torch.cuda.memory_allocated(device)),
+            "reserved": int(torch.cuda.memory_reserved(device)),
+        }
 
     # weight-sync group (roll_ds.weight_sync.collective / cuda_ipc): this worker is one member,
     # its seat a roll_ds.weight_sync.collective.GroupMember
@@ -210,6 +299,7 @@ class RollDsWorkerExtension:
         self._roll_ds_seat().join(spec, rank, plane, device=getattr(self, "device", "cpu"))
         return rank
 
+    @releases_cached_memory
     def roll_ds_receive_weights(
         self, plane: str, adapter: dict[str, Any] | None = None
     ) -> dict[str, Any]:

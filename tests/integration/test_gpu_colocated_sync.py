@@ -5,8 +5,10 @@
   match the trainer's;
 - one GPU, no Ray or vLLM: the CUDA IPC plane between two processes, two buckets (the second
   larger, so the send buffer is re-exported), received bit for bit;
+- one GPU: after a cuda_ipc and an object_store sync the vLLM worker's reserved GPU memory is
+  back to its level before the sync;
 - one GPU, object_store: the whole model crosses vLLM's process boundary (collective_rpc into
-  the engine core's worker) as plain bytes, with parity;
+  the engine core's worker) as byte chunks (``wire.WIRE_CHUNK_BYTES``), with parity;
 - two GPUs: the 16-GPU example in miniature. Two ZeRO-3 train ranks and one TP=2 vLLM engine on
   GPUs 0-1, in the rollout actor (vLLM's ``mp`` executor inside a placement group); each TP
   worker reads the buckets of the train rank on its own GPU by CUDA IPC (two groups, paired by
@@ -154,6 +156,63 @@ def test_object_store_sync_crosses_vllms_process_boundary_on_a_gpu(tiny_qwen2_di
         out = infer.generate(batch, seed=7, n=2, max_new_tokens=6, ignore_eos=True)
         assert [len(r) for r in out["response_ids"]] == [6, 6]
         print(f"\nobject_store sync on a GPU: {metrics} parity: {parity}")
+    finally:
+        stop()
+
+
+MIB = 2**20
+# a Qwen2 whose embedding (fp32, tied) is 64 MiB: a sync's transient GPU buffers in the vLLM
+# worker (the copy out of the CUDA IPC buffer, the reload's materialised layer) are that large
+MID_QWEN2 = dict(
+    vocab_size=32768,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
+RESERVED_SLACK = 8 * MIB  # a few of the caching allocator's 2 MiB segments
+
+
+@pytest.fixture(scope="module")
+def mid_qwen2_dir(tmp_path_factory) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**MID_QWEN2, torch_dtype="float32"))
+    path = tmp_path_factory.mktemp("mid_qwen2")
+    model.save_pretrained(path)
+    return str(path)
+
+
+def test_a_sync_leaves_the_vllm_workers_reserved_memory_where_it_was(mid_qwen2_dir):
+    """What a sync allocates in the vLLM worker lies outside vLLM's memory budget; after the
+    sync the worker's torch allocator holds no more GPU memory than before it (the worker
+    extension empties the CUDA cache), for a group transport (cuda_ipc) and object_store."""
+    from roll_ds.config.schema import WeightSyncConfig
+    from roll_ds.weight_sync.select import build_transport
+
+    train, infer, stop = start_roles(mid_qwen2_dir, (0,), tp=1, stage=3)
+
+    def reserved() -> int:
+        memory = infer.execute(lambda w: w.strategy.llm.collective_rpc("roll_ds_device_memory"))
+        return memory[0][0]["reserved"]
+
+    try:
+        for name in ("cuda_ipc", "object_store"):
+            cfg = WeightSyncConfig(transport=name)
+            transport = build_transport(cfg, train, infer, rollout_dtype="fp32")
+            try:
+                before = reserved()
+                metrics = transport.sync(train, infer)
+                after = reserved()
+            finally:
+                transport.close(train, infer)
+            print(f"\n{name}: vLLM worker reserved {before / MIB:.0f} -> {after / MIB:.0f} MiB")
+            assert metrics["sync/bytes"] > 64 * MIB
+            assert after <= before + RESERVED_SLACK, (name, before, after)
     finally:
         stop()
 
