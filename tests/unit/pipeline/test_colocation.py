@@ -141,6 +141,46 @@ def test_never_and_async_keep_a_static_split_but_still_start_the_engines_first()
         assert "nothing is offloaded" in plan.notes[0]
 
 
+# --- hf_infer as the rollout engine ----------------------------------------------------------
+
+HF_ON_GPU_0 = (  # scripts/gpu/check.sh's run: both roles on the one GPU
+    "actor_infer.strategy_args.strategy_name=hf_infer",
+    "num_gpus_per_node=1",
+    'actor_train.device_mapping="[0]"',
+    'actor_infer.device_mapping="[0]"',
+)
+
+
+def test_hf_infer_sharing_a_gpu_is_managed_without_vllms_memory_checks():
+    """hf_infer sleeps (StrategySpec.sleeps) but takes no share of the GPU at start: no
+    gpu_memory_utilization is asked for, neither at the start nor at validation."""
+    plan = plan_colocation(config(*HF_ON_GPU_0), "GPU")
+    assert plan.engines == ("actor_infer",) and plan.trainers == ("actor_train",)
+    assert plan.start_stages(["actor_train", "actor_infer"]) == [["actor_infer"], ["actor_train"]]
+    cfg = config(*HF_ON_GPU_0, "device=cuda")
+    assert "gpu_memory_utilization" not in cfg.actor_infer.strategy_args.strategy_config
+    # vLLM's switch of its own sleep mode means nothing to hf_infer
+    config(*HF_ON_GPU_0, "+actor_infer.strategy_args.strategy_config.enable_sleep_mode=false")
+
+
+def test_hf_infer_on_cpu_is_managed_only_with_always():
+    assert not plan_colocation(config(*HF_ON_GPU_0), "CPU").active
+    plan = plan_colocation(config(*HF_ON_GPU_0, "colocation.offload=always"), "CPU")
+    assert plan.engines == ("actor_infer",) and plan.trainers == ("actor_train",)
+
+
+def test_always_needs_a_backend_that_sleeps(monkeypatch):
+    from dataclasses import replace
+
+    from roll_ds.config.strategies import STRATEGY_SPECS
+
+    spec = STRATEGY_SPECS["hf_infer"]
+    monkeypatch.setitem(STRATEGY_SPECS, "hf_infer", replace(spec, sleeps=False))
+    (msg,) = problems(*HF_ON_GPU_0, "colocation.offload=always")
+    assert "strategy_name one of vllm (got 'hf_infer')" in msg, msg
+    assert not plan_colocation(config(*HF_ON_GPU_0), "GPU").active  # nothing to sleep
+
+
 # --- transitions ----------------------------------------------------------------------------
 
 PLAN = ColocationPlan(engines=("actor_infer",), trainers=("actor_train", "critic"))
