@@ -220,9 +220,11 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
 
     @register(Dispatch.ALL)
     def probe_logprobs(self, batch: Batch) -> Any:
-        """Log-probs ``[B, T-1]`` of the *whole* probe on this rank (weight-sync parity)."""
+        """Log-probs ``[B, T-1]`` of the *whole* probe on this rank (weight-sync parity), at
+        temperature 1 as the trainer's side (``weight_sync.parity``): hf_infer would otherwise
+        score at the rollouts' sampling temperature."""
         out = self.strategy.compute_logprobs(
-            batch["input_ids"], batch["attention_mask"], with_entropy=False
+            batch["input_ids"], batch["attention_mask"], with_entropy=False, temperature=1.0
         )
         return out["logprobs_BT"].float().cpu()
 
