@@ -404,8 +404,22 @@ class TraceEntry(NamedTuple):
     action: str
 
 
-Runner = Callable[[Sequence[Transition]], None]
-"""Runs transitions (on different roles) at once and waits for all of them."""
+Runner = Callable[[Sequence[Transition]], Sequence[Any] | None]
+"""Runs transitions (on different roles) at once and waits for all of them. Returns, per
+transition, what its call returned (the ranks' device memory after it: ``StrategyWorker``'s
+``offload_states`` / ``reload_states``), or None."""
+
+MIB = 2**20
+
+
+def peak_memory(ranks_result: Any) -> dict[str, int] | None:
+    """The largest of each memory figure over a role's ranks (``{"allocated", "reserved",
+    "device_used"}`` in bytes, one dict per rank, None on CPU); None when no rank reported."""
+    ranks = ranks_result if isinstance(ranks_result, (list, tuple)) else [ranks_result]
+    figures = [r for r in ranks if isinstance(r, Mapping)]
+    if not figures:
+        return None
+    return {key: max(int(f[key]) for f in figures) for key in figures[0]}
 
 
 class ColocationError(RuntimeError):
@@ -424,6 +438,9 @@ class Choreography:
         self.phase: str | None = None  # None until every role has started
         self.state = ColocationState.started(plan)
         self.seconds = 0.0  # spent in transitions since the last pop_seconds()
+        # colocation/<role>_<action>_<figure>_mib: each role's device memory after its latest
+        # transition (on GPUs; the start-up sleep's too), until pop_memory()
+        self.memory: dict[str, float] = {}
         self._pending_start = set(plan.engines) | set(plan.trainers)
         self._trace_path = trace_path if plan.active else None
         if self._trace_path is not None:
@@ -495,32 +512,47 @@ class Choreography:
         seconds, self.seconds = self.seconds, 0.0
         return seconds
 
+    def pop_memory(self) -> dict[str, float]:
+        """The memory metrics since the last call (empty on CPU)."""
+        memory, self.memory = self.memory, {}
+        return memory
+
     def _execute(self, step: int | None, stage: Sequence[Transition]) -> None:
         if self._run is None:
             raise ColocationError("colocation: no runner to make transitions with")
         started = time.perf_counter()
-        self._run(stage)
+        results = self._run(stage) or [None] * len(stage)
         self.seconds += time.perf_counter() - started
-        for transition in stage:
+        for transition, result in zip(stage, results, strict=True):
             apply(self.state, transition, self.plan.sleep_level)
-            self._record(step, transition.role, transition.action)
+            memory = peak_memory(result)
+            self._record(step, transition.role, transition.action, memory)
+            for key, value in (memory or {}).items():
+                name = f"colocation/{transition.role}_{transition.action}_{key}_mib"
+                self.memory[name] = value / MIB
 
-    def _record(self, step: int | None, role: str, action: str) -> None:
+    def _record(
+        self, step: int | None, role: str, action: str, memory: dict[str, int] | None = None
+    ) -> None:
+        """One trace entry; the trace file's line also carries the role's device memory after
+        the transition (MiB, on GPUs)."""
         entry = TraceEntry(step, role, action)
         self.trace.append(entry)
-        logger.debug("colocation: step %s %s %s", step, role, action)
+        logger.debug("colocation: step %s %s %s %s", step, role, action, memory or "")
         if self._trace_path is not None:
+            row: dict[str, Any] = entry._asdict()
+            if memory:
+                row["memory_mib"] = {k: round(v / MIB, 3) for k, v in memory.items()}
             with open(self._trace_path, "a") as f:
-                f.write(json.dumps(entry._asdict()) + "\n")
+                f.write(json.dumps(row) + "\n")
 
 
 def cluster_runner(clusters: Mapping[str, Any]) -> Runner:
     """A ``Runner`` over the pipeline's role clusters (``Cluster.submit`` on every rank)."""
 
-    def run(stage: Sequence[Transition]) -> None:
+    def run(stage: Sequence[Transition]) -> list[Any]:
         calls = [clusters[t.role].submit(t.method, **t.kwargs) for t in stage]
-        for call in calls:
-            call.get()
+        return [call.get() for call in calls]
 
     return run
 

@@ -58,15 +58,36 @@ class StrategyWorker(Worker):
         return Batch({key: out["logprobs_BT"].float().cpu()})
 
     @register(Dispatch.ALL)
-    def offload_states(self, **kwargs: Any) -> None:
+    def offload_states(self, **kwargs: Any) -> dict[str, int] | None:
         """Free device memory for a colocated role (``roll_ds/pipeline/colocation.py``);
-        ``kwargs`` are the strategy's (vLLM: ``level``)."""
+        ``kwargs`` are the strategy's (a rollout engine's: ``level``). Returns the device
+        memory afterwards (``device_memory``)."""
         self.strategy.offload_states(**kwargs)
+        return device_memory()
 
     @register(Dispatch.ALL)
-    def reload_states(self, **kwargs: Any) -> None:
-        """Undo ``offload_states``; ``kwargs`` are the strategy's (vLLM: ``tags``)."""
+    def reload_states(self, **kwargs: Any) -> dict[str, int] | None:
+        """Undo ``offload_states``; ``kwargs`` are the strategy's (a rollout engine's:
+        ``tags``). Returns the device memory afterwards (``device_memory``)."""
         self.strategy.reload_states(**kwargs)
+        return device_memory()
+
+
+def device_memory() -> dict[str, int] | None:
+    """This process's CUDA memory in bytes: PyTorch's ``allocated`` and ``reserved`` (its
+    caching allocator; a vLLM engine's own allocator and processes are not in them), and the
+    GPU's ``device_used`` (``mem_get_info``: every process on it). None without CUDA."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "allocated": torch.cuda.memory_allocated(),
+        "reserved": torch.cuda.memory_reserved(),
+        "device_used": total - free,
+    }
 
 
 class TrainWorker(StrategyWorker):

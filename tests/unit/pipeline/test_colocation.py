@@ -291,6 +291,48 @@ def test_a_step_records_every_transition_in_order(tmp_path):
     assert choreo.pop_seconds() >= 0 and choreo.seconds == 0
 
 
+def test_the_roles_memory_after_each_transition_goes_to_metrics_and_the_trace(tmp_path):
+    """On GPUs each rank returns its device memory from offload_states / reload_states: the
+    largest over a role's ranks becomes colocation/<role>_<action>_<figure>_mib, and the trace
+    line of the transition carries it; CPU ranks return None and add nothing."""
+    gib = 2**30
+
+    def runner(stage):
+        out = []
+        for t in stage:
+            low = {"allocated": gib, "reserved": 2 * gib, "device_used": 3 * gib}
+            high = {k: v + gib for k, v in low.items()}
+            out.append([low, high] if t.role == "actor_train" else [None])
+        return out
+
+    plan = ColocationPlan(
+        engines=("actor_infer",), trainers=("actor_train",), late_start=("actor_train",)
+    )
+    choreo = Choreography(plan, run=runner, trace_path=tmp_path / "trace.jsonl")
+    choreo.started(["actor_infer"])
+    choreo.started(["actor_train"])
+    choreo.enter(SYNC, 0)
+    choreo.synced(0)
+    choreo.enter(GENERATE, 0)
+    assert choreo.pop_memory() == {
+        "colocation/actor_train_offload_allocated_mib": 2048.0,
+        "colocation/actor_train_offload_reserved_mib": 3072.0,
+        "colocation/actor_train_offload_device_used_mib": 4096.0,
+    }
+    assert choreo.pop_memory() == {}
+    rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    offload = [r for r in rows if r["action"] == "offload"]
+    assert offload == [
+        {
+            "step": 0,
+            "role": "actor_train",
+            "action": "offload",
+            "memory_mib": {"allocated": 2048.0, "reserved": 3072.0, "device_used": 4096.0},
+        }
+    ]
+    assert all("memory_mib" not in r for r in rows if r["role"] == "actor_infer")
+
+
 def test_sync_into_sleeping_weights_raises():
     choreo, _ = started(PLAN)
     with pytest.raises(ColocationError, match="while its weights were asleep"):
