@@ -495,8 +495,11 @@ class DeepSpeedTrainStrategy:
         include = self._offload_include()
         if include:
             offload.offload_engine_states(self.engine, include)
-        if self.device.type != "cpu":  # a LoRA base kept out of ZeRO-3 (zero3_frozen_base)
-            move_frozen_base(self.module, "cpu")
+        # a LoRA base kept out of ZeRO-3 (zero3_frozen_base); DeepSpeed emptied PyTorch's
+        # cache before it left: hand its blocks back too, else they stay reserved in this
+        # process, out of the engines' reach
+        if self.device.type != "cpu" and move_frozen_base(self.module, "cpu"):
+            torch.cuda.empty_cache()
         self._offloaded = True
 
     def reload_states(self) -> None:
