@@ -1,10 +1,18 @@
 """``hf_infer``: a plain transformers model on one device, for reference log-probs (and HF
 ``generate`` where a small rollout or judge model does not need vLLM), or, with a ``head``, a
-reward model scoring whole sequences (``score_sequences``)."""
+reward model scoring whole sequences (``score_sequences``).
+
+As a rollout engine colocated with trainers it sleeps like the vllm strategy
+(``roll_ds/pipeline/colocation.py``): ``offload_states(level)`` moves the model to host memory
+and hands PyTorch's cached blocks back to the device, ``reload_states(tags)`` brings back the
+``weights`` and / or the ``kv_cache``. HF ``generate`` allocates its KV cache per call and
+frees it after, so the ``kv_cache`` tag holds nothing: only the state is tracked. While a tag
+is asleep the calls that need it refuse, on CPU too (where nothing moves), so a wrong order
+shows in CPU tests. As the reference role it is offloaded and reloaded whole (no arguments)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -16,6 +24,10 @@ from roll_ds.models.reward_model import check_head, forward_scores, load_reward_
 from roll_ds.strategy import StrategyContext
 from strategies import _common
 from strategies.micro_batches import token_batched_forward
+
+WEIGHTS, KV_CACHE = "weights", "kv_cache"
+SLEEP_TAGS = (WEIGHTS, KV_CACHE)  # what offload_states releases, as vLLM's sleep names them
+SLEEP_LEVELS = (1, 2)
 
 RESULT_KEYS = (
     "prompt_index",
@@ -57,7 +69,7 @@ class HfInferStrategy:
         self.max_new_tokens = self.generating_args.max_new_tokens or max_new_tokens
         self.stop_token_ids = list(stop_token_ids)
         self.model: Any = None
-        self._offloaded = False
+        self._asleep: set[str] = set()  # SLEEP_TAGS released by offload_states
 
     @classmethod
     def from_worker_config(
@@ -99,6 +111,7 @@ class HfInferStrategy:
     ) -> dict[str, torch.Tensor]:
         """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, fp32 on CPU) at ``temperature``
         (None: the rollouts' ``logprob_temperature``), ``infer_batch_size`` rows per forward."""
+        self._require_awake(WEIGHTS)
         temperature = self.logprob_temperature if temperature is None else temperature
         if self.max_tokens_per_micro_batch is not None:
             return token_batched_forward(
@@ -140,6 +153,7 @@ class HfInferStrategy:
         ``infer_batch_size`` rows per forward (a strategy built with a ``head`` only)."""
         if self.head is None:
             raise RuntimeError("score_sequences needs a strategy built with a reward-model head")
+        self._require_awake(WEIGHTS)
         parts = [
             forward_scores(
                 self.model,
@@ -176,6 +190,7 @@ class HfInferStrategy:
         HF ``generate`` draws every row of the batch from one generator (seeded with ``seed``
         and ``first_prompt_index``): unlike vllm's per-request seeds, what a prompt samples
         depends on the batch it is in."""
+        self._require_awake(*SLEEP_TAGS)
         g = self.generating_args
         n = n if n is not None else g.num_return_sequences
         temperature = g.temperature if temperature is None else temperature
@@ -221,6 +236,7 @@ class HfInferStrategy:
 
     def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the model (names it lacks are an error)."""
+        self._require_awake(WEIGHTS)
         params = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -228,16 +244,53 @@ class HfInferStrategy:
                     raise KeyError(f"load_weights: model has no parameter {name!r}")
                 params[name].copy_(tensor.to(params[name].device, params[name].dtype))
 
-    def offload_states(self) -> None:
-        """Move the model to host memory on GPUs; a no-op on CPU."""
-        if not self._offloaded and self.device.type != "cpu":
-            self.model.to("cpu")
-        self._offloaded = True
+    # -----------------------------------------------------------------------------------------
+    # colocation
 
-    def reload_states(self) -> None:
-        if self._offloaded and self.device.type != "cpu":
+    def offload_states(self, level: int = 1) -> None:
+        """Sleep: the model to host memory and PyTorch's cached blocks (what ``generate``'s KV
+        cache and activations left) back to the device. ``level`` 2 lets an engine drop
+        weights the next sync refills; an HF module cannot be emptied and refilled in place, so
+        both levels keep them in host memory. On CPU nothing moves; the state is tracked."""
+        self._require_initialized()
+        if level not in SLEEP_LEVELS:
+            raise ValueError(f"offload_states: level must be one of {SLEEP_LEVELS}, got {level}")
+        if WEIGHTS not in self._asleep and self.device.type != "cpu":
+            self.model.to("cpu")
+        self._asleep = set(SLEEP_TAGS)
+        _release_cached_memory(self.device)
+
+    def reload_states(self, tags: Iterable[str] | None = None) -> None:
+        """Undo ``offload_states`` for ``tags`` (None: all). ``["weights"]`` first lets a weight
+        sync run before generation wakes the rest, as with the vllm strategy."""
+        self._require_initialized()
+        wanted = set(SLEEP_TAGS if tags is None else tags)
+        unknown = wanted - set(SLEEP_TAGS)
+        if unknown:
+            raise ValueError(f"reload_states: unknown tags {sorted(unknown)}; valid: {SLEEP_TAGS}")
+        if WEIGHTS in wanted & self._asleep and self.device.type != "cpu":
             self.model.to(self.device)
-        self._offloaded = False
+        self._asleep -= wanted
+
+    def _require_initialized(self) -> None:
+        if self.model is None:
+            raise RuntimeError("HfInferStrategy.initialize() has not been called")
+
+    def _require_awake(self, *tags: str) -> None:
+        self._require_initialized()
+        asleep = self._asleep & set(tags)
+        if asleep:
+            raise RuntimeError(
+                f"the hf_infer model's {', '.join(sorted(asleep))} are offloaded; call "
+                "reload_states() first"
+            )
+
+
+def _release_cached_memory(device: torch.device) -> None:
+    """Hand the blocks PyTorch's caching allocator keeps back to the GPU (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

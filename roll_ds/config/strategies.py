@@ -33,6 +33,15 @@ class StrategySpec:
     rollout_checks: str | None = None
     # reads a role's max_tokens_per_micro_batch / use_sequence_packing (strategies/micro_batches)
     token_micro_batches: bool = False
+    # A rollout backend with a sleep mode: ``offload_states(level=1|2)`` frees its device memory,
+    # ``reload_states(tags=[...])`` brings back "weights" and / or "kv_cache" (None: both). The
+    # colocation choreography (roll_ds/pipeline/colocation.py) sleeps it while colocated
+    # trainers compute.
+    sleeps: bool = False
+    # Sizes itself at start as a share of the whole GPU (vLLM's strategy_config
+    # gpu_memory_utilization, sized as if the GPU were empty) and can turn its sleep mode off
+    # (enable_sleep_mode): colocation's memory checks apply to it beside trainers.
+    gpu_memory_share: bool = False
 
 
 _DEEPSPEED_CHECKS = "strategies.deepspeed.config_checks:strategy_config_problems"
@@ -57,6 +66,7 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         trains=False,
         generates=True,
         token_micro_batches=True,
+        sleeps=True,  # weights to host memory; HF generate holds no KV cache between calls
     ),
     "vllm": StrategySpec(
         "strategies.vllm.strategy:VllmStrategy",
@@ -64,6 +74,8 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         generates=True,
         role_checks="strategies.vllm.config_checks:strategy_config_problems",
         rollout_checks="strategies.vllm.config_checks:rollout_problems",
+        sleeps=True,
+        gpu_memory_share=True,
     ),
 }
 

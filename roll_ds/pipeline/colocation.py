@@ -1,8 +1,9 @@
 """Colocation memory choreography: which role holds device memory in which phase of a step.
 
 When the trainer roles (``actor_train``, and ``reference`` / ``critic`` where they share the
-devices) and the vLLM rollout engines (``actor_infer``) share GPUs, only one side holds its
-states on the GPU at a time:
+devices) and the rollout engines (``actor_infer``, a backend with a sleep mode: ``sleeps`` in
+its ``StrategySpec``, vLLM or hf_infer) share GPUs, only one side holds its states on the GPU
+at a time:
 
     start     the engines start first and profile a GPU nobody else touches (vLLM measures
               its KV cache from the device's free memory, so a trainer loading beside it
@@ -16,6 +17,10 @@ states on the GPU at a time:
     train     the engines asleep (``sleep_level`` 1: weights to host memory, KV cache freed;
               2: both freed, the next sync refills the weights), the trainers loaded:
               log-probs, training, checkpoints, export
+
+hf_infer sleeps the same way (its weights to host memory at either level; HF ``generate``
+holds no KV cache between calls, so its ``kv_cache`` tag only tracks the state), and it has no
+share of the GPU to size at start, so the vLLM memory checks below do not apply to it.
 
 The pipeline says which phase it is about to enter (``Choreography.enter``); the choreography
 makes only the transitions that phase needs, frees before it allocates, runs the transitions
@@ -49,6 +54,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from roll_ds.config.device_mapping import DeviceMappingError, parse_device_mapping
 from roll_ds.config.estimators import needs_critic
 from roll_ds.config.ranges import OneOf, field_problems
+from roll_ds.config.strategies import STRATEGY_SPECS, StrategySpec
 
 if TYPE_CHECKING:
     from roll_ds.config.schema import RLVRConfig
@@ -60,7 +66,6 @@ SLEEP_LEVELS = (1, 2)
 TRAIN, SYNC, GENERATE = "train", "sync", "generate"
 PHASES = (TRAIN, SYNC, GENERATE)
 SENDER = "actor_train"  # the role whose weights a sync gathers: loaded in the sync phase
-ENGINE_STRATEGIES = ("vllm",)  # rollout backends with a sleep mode (weights / kv_cache tags)
 MODEL_ROLES = ("actor_train", "actor_infer", "reference", "critic")
 WEIGHTS, KV_CACHE = "weights", "kv_cache"
 ALL_TAGS = frozenset((WEIGHTS, KV_CACHE))
@@ -73,6 +78,16 @@ _NEEDS: dict[str, tuple[Callable[[str], bool], frozenset[str]]] = {
 TRACE_FILE = "colocation_trace.jsonl"
 
 # --- config --------------------------------------------------------------------------------
+
+
+def sleeping_backends() -> tuple[str, ...]:
+    """The rollout backends with a sleep mode (``StrategySpec.sleeps``)."""
+    return tuple(name for name, spec in STRATEGY_SPECS.items() if spec.sleeps)
+
+
+def _engine_spec(cfg: RLVRConfig) -> StrategySpec | None:
+    """``actor_infer``'s backend (None for an unknown name, which validation reports)."""
+    return STRATEGY_SPECS.get(cfg.actor_infer.strategy_args.strategy_name)
 
 
 def colocation_problems(cfg: RLVRConfig) -> list[str]:
@@ -94,14 +109,16 @@ def colocation_problems(cfg: RLVRConfig) -> list[str]:
             "offloaded: vLLM keeps its gpu_memory_utilization, the trainer the rest) or "
             "async_generation.max_staleness=0"
         )
-    infer = cfg.actor_infer.strategy_args
-    if col.offload == "always" and infer.strategy_name not in ENGINE_STRATEGIES:
+    infer, spec = cfg.actor_infer.strategy_args, _engine_spec(cfg)
+    if col.offload == "always" and spec is not None and not spec.sleeps:
         problems.append(
-            f"colocation.offload: always sleeps the rollout engines, which needs "
-            f"actor_infer.strategy_args.strategy_name in {ENGINE_STRATEGIES} (got "
-            f"{infer.strategy_name!r}); use colocation.offload=auto or never"
+            f"colocation.offload: always sleeps the rollout engines, which needs a backend with "
+            f"a sleep mode: actor_infer.strategy_args.strategy_name one of "
+            f"{', '.join(sleeping_backends())} (got {infer.strategy_name!r}); use "
+            "colocation.offload=auto or never"
         )
-    if col.offload != "never" and _get(infer.strategy_config, "enable_sleep_mode") is False:
+    switched_off = _get(infer.strategy_config, "enable_sleep_mode") is False
+    if col.offload != "never" and spec is not None and spec.gpu_memory_share and switched_off:
         problems.append(
             f"actor_infer.strategy_args.strategy_config.enable_sleep_mode: false, but "
             f"colocation.offload={col.offload} sleeps the engines where they share GPUs with "
@@ -157,8 +174,11 @@ def colocated_utilization_problems(
 ) -> list[str]:
     """A refusal when ``actor_infer`` shares GPUs with ``late`` and leaves vLLM's
     ``gpu_memory_utilization`` at its empty-GPU default: it names what stays resident and a
-    value to start from."""
-    infer = cfg.actor_infer.strategy_args
+    value to start from. Backends that take no share of the GPU at start (hf_infer: a model and
+    what each call allocates) have nothing to size."""
+    infer, spec = cfg.actor_infer.strategy_args, _engine_spec(cfg)
+    if spec is None or not spec.gpu_memory_share:
+        return []
     if not late or _get(infer.strategy_config, "gpu_memory_utilization") is not None:
         return []
     resident = resident_beside_engines(cfg, late, offloads)
@@ -249,7 +269,8 @@ def _plan(cfg: RLVRConfig, device_resource: str) -> ColocationPlan:
     roles = {name: getattr(cfg, name) for name in MODEL_ROLES if getattr(cfg, name) is not None}
     if "critic" in roles and not needs_critic(cfg.algorithm.adv_estimator):
         del roles["critic"]
-    if cfg.actor_infer.strategy_args.strategy_name not in ENGINE_STRATEGIES:
+    spec = _engine_spec(cfg)
+    if spec is None or not spec.sleeps:
         return ColocationPlan(sleep_level=col.sleep_level)  # no sleep mode to manage
     engines = ["actor_infer"]
     others = [n for n in roles if n not in engines]
@@ -383,8 +404,22 @@ class TraceEntry(NamedTuple):
     action: str
 
 
-Runner = Callable[[Sequence[Transition]], None]
-"""Runs transitions (on different roles) at once and waits for all of them."""
+Runner = Callable[[Sequence[Transition]], Sequence[Any] | None]
+"""Runs transitions (on different roles) at once and waits for all of them. Returns, per
+transition, what its call returned (the ranks' device memory after it: ``StrategyWorker``'s
+``offload_states`` / ``reload_states``), or None."""
+
+MIB = 2**20
+
+
+def peak_memory(ranks_result: Any) -> dict[str, int] | None:
+    """The largest of each memory figure over a role's ranks (``{"allocated", "reserved",
+    "device_used"}`` in bytes, one dict per rank, None on CPU); None when no rank reported."""
+    ranks = ranks_result if isinstance(ranks_result, (list, tuple)) else [ranks_result]
+    figures = [r for r in ranks if isinstance(r, Mapping)]
+    if not figures:
+        return None
+    return {key: max(int(f[key]) for f in figures) for key in figures[0]}
 
 
 class ColocationError(RuntimeError):
@@ -403,6 +438,9 @@ class Choreography:
         self.phase: str | None = None  # None until every role has started
         self.state = ColocationState.started(plan)
         self.seconds = 0.0  # spent in transitions since the last pop_seconds()
+        # colocation/<role>_<action>_<figure>_mib: each role's device memory after its latest
+        # transition (on GPUs; the start-up sleep's too), until pop_memory()
+        self.memory: dict[str, float] = {}
         self._pending_start = set(plan.engines) | set(plan.trainers)
         self._trace_path = trace_path if plan.active else None
         if self._trace_path is not None:
@@ -474,32 +512,47 @@ class Choreography:
         seconds, self.seconds = self.seconds, 0.0
         return seconds
 
+    def pop_memory(self) -> dict[str, float]:
+        """The memory metrics since the last call (empty on CPU)."""
+        memory, self.memory = self.memory, {}
+        return memory
+
     def _execute(self, step: int | None, stage: Sequence[Transition]) -> None:
         if self._run is None:
             raise ColocationError("colocation: no runner to make transitions with")
         started = time.perf_counter()
-        self._run(stage)
+        results = self._run(stage) or [None] * len(stage)
         self.seconds += time.perf_counter() - started
-        for transition in stage:
+        for transition, result in zip(stage, results, strict=True):
             apply(self.state, transition, self.plan.sleep_level)
-            self._record(step, transition.role, transition.action)
+            memory = peak_memory(result)
+            self._record(step, transition.role, transition.action, memory)
+            for key, value in (memory or {}).items():
+                name = f"colocation/{transition.role}_{transition.action}_{key}_mib"
+                self.memory[name] = value / MIB
 
-    def _record(self, step: int | None, role: str, action: str) -> None:
+    def _record(
+        self, step: int | None, role: str, action: str, memory: dict[str, int] | None = None
+    ) -> None:
+        """One trace entry; the trace file's line also carries the role's device memory after
+        the transition (MiB, on GPUs)."""
         entry = TraceEntry(step, role, action)
         self.trace.append(entry)
-        logger.debug("colocation: step %s %s %s", step, role, action)
+        logger.debug("colocation: step %s %s %s %s", step, role, action, memory or "")
         if self._trace_path is not None:
+            row: dict[str, Any] = entry._asdict()
+            if memory:
+                row["memory_mib"] = {k: round(v / MIB, 3) for k, v in memory.items()}
             with open(self._trace_path, "a") as f:
-                f.write(json.dumps(entry._asdict()) + "\n")
+                f.write(json.dumps(row) + "\n")
 
 
 def cluster_runner(clusters: Mapping[str, Any]) -> Runner:
     """A ``Runner`` over the pipeline's role clusters (``Cluster.submit`` on every rank)."""
 
-    def run(stage: Sequence[Transition]) -> None:
+    def run(stage: Sequence[Transition]) -> list[Any]:
         calls = [clusters[t.role].submit(t.method, **t.kwargs) for t in stage]
-        for call in calls:
-            call.get()
+        return [call.get() for call in calls]
 
     return run
 

@@ -262,6 +262,7 @@ class RLVRPipeline:
         metrics.update(rollout_stats)
         metrics.update(sync_metrics)
         colocation_s = self.colocation.pop_seconds() if self.colocation.active else None
+        metrics.update(self.colocation.pop_memory())  # the roles' device memory (GPUs)
         add_step_totals(metrics, timings, batch, colocation_s)
         every = self.cfg.tracking.dump_rollouts_every
         if every and step % every == 0:

@@ -58,15 +58,36 @@ class StrategyWorker(Worker):
         return Batch({key: out["logprobs_BT"].float().cpu()})
 
     @register(Dispatch.ALL)
-    def offload_states(self, **kwargs: Any) -> None:
+    def offload_states(self, **kwargs: Any) -> dict[str, int] | None:
         """Free device memory for a colocated role (``roll_ds/pipeline/colocation.py``);
-        ``kwargs`` are the strategy's (vLLM: ``level``)."""
+        ``kwargs`` are the strategy's (a rollout engine's: ``level``). Returns the device
+        memory afterwards (``device_memory``)."""
         self.strategy.offload_states(**kwargs)
+        return device_memory()
 
     @register(Dispatch.ALL)
-    def reload_states(self, **kwargs: Any) -> None:
-        """Undo ``offload_states``; ``kwargs`` are the strategy's (vLLM: ``tags``)."""
+    def reload_states(self, **kwargs: Any) -> dict[str, int] | None:
+        """Undo ``offload_states``; ``kwargs`` are the strategy's (a rollout engine's:
+        ``tags``). Returns the device memory afterwards (``device_memory``)."""
         self.strategy.reload_states(**kwargs)
+        return device_memory()
+
+
+def device_memory() -> dict[str, int] | None:
+    """This process's CUDA memory in bytes: PyTorch's ``allocated`` and ``reserved`` (its
+    caching allocator; a vLLM engine's own allocator and processes are not in them), and the
+    GPU's ``device_used`` (``mem_get_info``: every process on it). None without CUDA."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "allocated": torch.cuda.memory_allocated(),
+        "reserved": torch.cuda.memory_reserved(),
+        "device_used": total - free,
+    }
 
 
 class TrainWorker(StrategyWorker):
@@ -220,9 +241,11 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
 
     @register(Dispatch.ALL)
     def probe_logprobs(self, batch: Batch) -> Any:
-        """Log-probs ``[B, T-1]`` of the *whole* probe on this rank (weight-sync parity)."""
+        """Log-probs ``[B, T-1]`` of the *whole* probe on this rank (weight-sync parity), at
+        temperature 1 as the trainer's side (``weight_sync.parity``): hf_infer would otherwise
+        score at the rollouts' sampling temperature."""
         out = self.strategy.compute_logprobs(
-            batch["input_ids"], batch["attention_mask"], with_entropy=False
+            batch["input_ids"], batch["attention_mask"], with_entropy=False, temperature=1.0
         )
         return out["logprobs_BT"].float().cpu()
 

@@ -203,13 +203,20 @@ class GenerationMixin:
         attention_mask_BT: torch.Tensor,
         *,
         with_entropy: bool = False,
+        temperature: float | None = None,
     ) -> dict[str, torch.Tensor]:
         """Log-probs of ``input_ids[:, 1:]`` (``[B, T-1]``, 0 at padding) from vLLM's prompt
-        log-probs, one prefill per row. Entropy needs the full distribution per position,
-        which vLLM only returns as a Python dict per token: not offered (use hf_infer)."""
+        log-probs, one prefill per row: the raw model's, so ``temperature`` may only be 1 (or
+        None). Entropy needs the full distribution per position, which vLLM only returns as a
+        Python dict per token: not offered (use hf_infer)."""
         if with_entropy:
             raise NotImplementedError(
                 "the vllm strategy does not compute entropy; use hf_infer or deepspeed_* for it"
+            )
+        if temperature not in (None, 1.0):
+            raise NotImplementedError(
+                f"the vllm strategy scores prompt tokens with the raw model (temperature 1), "
+                f"not at temperature {temperature}; use hf_infer or deepspeed_* for that"
             )
         self._require_awake()
         scoring = _PromptScoring.of(

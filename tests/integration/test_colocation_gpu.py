@@ -11,6 +11,7 @@ import pytest
 from roll_ds.config.compose import PROJECT_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu]
+pytest.importorskip("vllm", reason="needs vLLM (pip install '.[gpu]'); it is not installed here")
 
 GIB = 2**30
 UTILIZATION = 0.3  # vLLM's share of the GPU while generating

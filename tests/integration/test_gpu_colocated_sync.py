@@ -26,11 +26,9 @@ import pytest
 import torch
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu]
-TWO_GPUS = pytest.mark.skipif(
-    torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs; fewer are visible"
-)
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from _gpu import NEEDS_VLLM, TWO_GPUS  # noqa: E402
 
 PARITY_MAX = 2e-3  # fp32 trainer vs fp32 vLLM on the probe (GPU kernels differ from CPU's)
 VOCAB = 128
@@ -126,6 +124,7 @@ def sync_and_check(train, infer, expected_groups: int) -> dict[str, float]:
     return metrics
 
 
+@NEEDS_VLLM
 def test_colocated_cuda_ipc_sync_on_one_gpu(tiny_qwen2_dir):
     train, infer, stop = start_roles(tiny_qwen2_dir, (0,), tp=1, stage=2)
     try:
@@ -135,6 +134,7 @@ def test_colocated_cuda_ipc_sync_on_one_gpu(tiny_qwen2_dir):
         stop()
 
 
+@NEEDS_VLLM
 def test_object_store_sync_crosses_vllms_process_boundary_on_a_gpu(tiny_qwen2_dir):
     """object_store (allowed on GPUs): the whole model reaches the engine core's worker through
     collective_rpc, i.e. vLLM's msgpack serializer (roll_ds.weight_sync.wire)."""
@@ -187,6 +187,7 @@ def mid_qwen2_dir(tmp_path_factory) -> str:
     return str(path)
 
 
+@NEEDS_VLLM
 def test_a_sync_leaves_the_vllm_workers_reserved_memory_where_it_was(mid_qwen2_dir):
     """What a sync allocates in the vLLM worker lies outside vLLM's memory budget; after the
     sync the worker's torch allocator holds no more GPU memory than before it (the worker
@@ -217,6 +218,7 @@ def test_a_sync_leaves_the_vllm_workers_reserved_memory_where_it_was(mid_qwen2_d
         stop()
 
 
+@NEEDS_VLLM
 @TWO_GPUS
 def test_tp2_engine_takes_each_shard_from_the_train_rank_on_its_gpu(tiny_qwen2_dir):
     from roll_ds.distributed.batch import Batch

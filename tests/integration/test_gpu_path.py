@@ -31,11 +31,9 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.integration
-TWO_GPUS = pytest.mark.skipif(
-    torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs; fewer are visible"
-)
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from _gpu import NEEDS_VLLM, TWO_GPUS  # noqa: E402
 from test_lora_zero3 import CASES as LORA_CASES  # noqa: E402
 
 PARITY_MAX = 2e-3  # trainer (fp32) vs vLLM (fp32) on the probe; GPU kernels differ from CPU's
@@ -51,6 +49,7 @@ def nll_loss(logprobs_BT, micro_batch, entropy_BT=None):
 
 
 @pytest.mark.gpu
+@NEEDS_VLLM
 @TWO_GPUS
 def test_nccl_sync_between_separate_gpus_serves_the_trained_weights(tiny_qwen2_dir):
     import ray
@@ -217,6 +216,7 @@ def test_gpu_run_configs_compose_and_validate():
 
 
 @pytest.mark.gpu
+@NEEDS_VLLM
 @TWO_GPUS
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 def test_rlvr_three_steps_on_two_gpus(placement, tmp_path):

@@ -6,9 +6,15 @@ is clean, and a reload through it serves the weights it was given. Skipped witho
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.gpu]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _gpu import NEEDS_VLLM  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.gpu, NEEDS_VLLM]
 
 ENGINE = {"enforce_eager": True, "gpu_memory_utilization": 0.25, "max_num_seqs": 8}
 

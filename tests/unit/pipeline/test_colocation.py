@@ -141,6 +141,46 @@ def test_never_and_async_keep_a_static_split_but_still_start_the_engines_first()
         assert "nothing is offloaded" in plan.notes[0]
 
 
+# --- hf_infer as the rollout engine ----------------------------------------------------------
+
+HF_ON_GPU_0 = (  # scripts/gpu/check.sh's run: both roles on the one GPU
+    "actor_infer.strategy_args.strategy_name=hf_infer",
+    "num_gpus_per_node=1",
+    'actor_train.device_mapping="[0]"',
+    'actor_infer.device_mapping="[0]"',
+)
+
+
+def test_hf_infer_sharing_a_gpu_is_managed_without_vllms_memory_checks():
+    """hf_infer sleeps (StrategySpec.sleeps) but takes no share of the GPU at start: no
+    gpu_memory_utilization is asked for, neither at the start nor at validation."""
+    plan = plan_colocation(config(*HF_ON_GPU_0), "GPU")
+    assert plan.engines == ("actor_infer",) and plan.trainers == ("actor_train",)
+    assert plan.start_stages(["actor_train", "actor_infer"]) == [["actor_infer"], ["actor_train"]]
+    cfg = config(*HF_ON_GPU_0, "device=cuda")
+    assert "gpu_memory_utilization" not in cfg.actor_infer.strategy_args.strategy_config
+    # vLLM's switch of its own sleep mode means nothing to hf_infer
+    config(*HF_ON_GPU_0, "+actor_infer.strategy_args.strategy_config.enable_sleep_mode=false")
+
+
+def test_hf_infer_on_cpu_is_managed_only_with_always():
+    assert not plan_colocation(config(*HF_ON_GPU_0), "CPU").active
+    plan = plan_colocation(config(*HF_ON_GPU_0, "colocation.offload=always"), "CPU")
+    assert plan.engines == ("actor_infer",) and plan.trainers == ("actor_train",)
+
+
+def test_always_needs_a_backend_that_sleeps(monkeypatch):
+    from dataclasses import replace
+
+    from roll_ds.config.strategies import STRATEGY_SPECS
+
+    spec = STRATEGY_SPECS["hf_infer"]
+    monkeypatch.setitem(STRATEGY_SPECS, "hf_infer", replace(spec, sleeps=False))
+    (msg,) = problems(*HF_ON_GPU_0, "colocation.offload=always")
+    assert "strategy_name one of vllm (got 'hf_infer')" in msg, msg
+    assert not plan_colocation(config(*HF_ON_GPU_0), "GPU").active  # nothing to sleep
+
+
 # --- transitions ----------------------------------------------------------------------------
 
 PLAN = ColocationPlan(engines=("actor_infer",), trainers=("actor_train", "critic"))
@@ -249,6 +289,48 @@ def test_a_step_records_every_transition_in_order(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert [tuple(r.values()) for r in rows] == [tuple(e) for e in choreo.trace]
     assert choreo.pop_seconds() >= 0 and choreo.seconds == 0
+
+
+def test_the_roles_memory_after_each_transition_goes_to_metrics_and_the_trace(tmp_path):
+    """On GPUs each rank returns its device memory from offload_states / reload_states: the
+    largest over a role's ranks becomes colocation/<role>_<action>_<figure>_mib, and the trace
+    line of the transition carries it; CPU ranks return None and add nothing."""
+    gib = 2**30
+
+    def runner(stage):
+        out = []
+        for t in stage:
+            low = {"allocated": gib, "reserved": 2 * gib, "device_used": 3 * gib}
+            high = {k: v + gib for k, v in low.items()}
+            out.append([low, high] if t.role == "actor_train" else [None])
+        return out
+
+    plan = ColocationPlan(
+        engines=("actor_infer",), trainers=("actor_train",), late_start=("actor_train",)
+    )
+    choreo = Choreography(plan, run=runner, trace_path=tmp_path / "trace.jsonl")
+    choreo.started(["actor_infer"])
+    choreo.started(["actor_train"])
+    choreo.enter(SYNC, 0)
+    choreo.synced(0)
+    choreo.enter(GENERATE, 0)
+    assert choreo.pop_memory() == {
+        "colocation/actor_train_offload_allocated_mib": 2048.0,
+        "colocation/actor_train_offload_reserved_mib": 3072.0,
+        "colocation/actor_train_offload_device_used_mib": 4096.0,
+    }
+    assert choreo.pop_memory() == {}
+    rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    offload = [r for r in rows if r["action"] == "offload"]
+    assert offload == [
+        {
+            "step": 0,
+            "role": "actor_train",
+            "action": "offload",
+            "memory_mib": {"allocated": 2048.0, "reserved": 3072.0, "device_used": 4096.0},
+        }
+    ]
+    assert all("memory_mib" not in r for r in rows if r["role"] == "actor_infer")
 
 
 def test_sync_into_sleeping_weights_raises():

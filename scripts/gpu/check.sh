@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The GPU check of roll_ds on a lent device machine (one H100 or H200; its image has torch,
+# transformers and peft but no Ray, DeepSpeed, Hydra or vLLM, and no network).
+#
+# First, here (a CPU box with PyPI): bash scripts/gpu/carry.sh     -> .gpu_carry/ (~25 MiB)
+# Then the device tool's run, from the repo root:
+#
+#     run(command="bash scripts/gpu/check.sh", carry=[".gpu_carry"], timeout_s=540)
+#
+# Expected 5-7 minutes; it stops its stages by BUDGET_S=450 s and then writes the report. A
+# rerun of one half: SKIP_RUNS=1 or SKIP_PYTEST=1 before the command.
+# What it does, each stage bounded by `timeout` and the script going on whatever a stage does:
+#
+#   install   .gpu_carry's wheels (pip --no-index --no-deps --target) and Ray's pruned tarball
+#             into $SITE (/tmp/site); PYTHONPATH=$SITE:$PWD
+#   versions  python, packages, the GPU
+#   runs      a 10-step RLVR run of the embedded default on the one GPU: actor_infer on hf_infer,
+#             trainer (one rank) and rollout colocated on GPU 0 (scripts/gpu/run_overrides.txt),
+#             save_steps 5: uninterrupted; then again, killed with SIGKILL (its whole process
+#             group) once the first checkpoint is complete, and resumed from it
+#             (scripts/gpu/check.py runs). Before pytest, so its timings share the GPU with
+#             nothing; DeepSpeed builds no CUDA op for it (torch's AdamW).
+#   pytest    python3 -m pytest -m gpu (tests needing vLLM skip with their reason); four
+#             xdist workers where pytest-xdist is installed
+#   report    $OUT/gpu_check.json: versions, GPU, stage results, pytest counts and failures,
+#             per-step phase times, memory after each offload / sleep, parity, resume diffs
+#
+# What comes back (at most 8 files): gpu_check.json, check.log (everything printed, pytest's
+# output too), run_{straight,killed,resumed}.log, colocation_trace.jsonl and metrics_*.jsonl of
+# the uninterrupted and the resumed run.
+#
+# Elsewhere (here, on CPU, to test the script: scripts/gpu/test_carry.sh): OUT, CARRY, SITE,
+# PYTHON, BUDGET_S, RUN_TIMEOUT_S, SKIP_INSTALL=1, EXTRA_OVERRIDES="x=y ...", STEPS, SAVE_STEPS.
+# (Without OUT, as outside the device tool, the files go to /tmp/gpu_check_out.)
+set -uo pipefail
+
+START_S=$(date +%s)
+OUT=${OUT:-/tmp/gpu_check_out}
+WORK=${WORK:-/tmp/gpu_check}
+CARRY=${CARRY:-.gpu_carry}
+SITE=${SITE:-/tmp/site}
+PYTHON=${PYTHON:-python3}
+BUDGET_S=${BUDGET_S:-450}
+STEPS=${STEPS:-10}
+SAVE_STEPS=${SAVE_STEPS:-5}
+RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-150}  # each of the three runs
+REPORT_RESERVE_S=30
+mkdir -p "$OUT"
+rm -rf "$WORK"
+mkdir -p "$WORK"
+exec > >(tee -a "$OUT/check.log") 2>&1
+TEE_PID=$!
+
+export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export TORCH_EXTENSIONS_DIR=/tmp/torch_extensions  # DeepSpeed's JIT ops (pytest's FusedAdam)
+export PYTHONPATH="$SITE:$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}"
+
+# stage NAME LIMIT_S CMD...: run CMD under `timeout`, bounded also by what is left of the
+# budget before the report; its rc and seconds go to $WORK/stages.txt.
+stage() {
+    local name=$1 limit=$2 left rc t0
+    shift 2
+    left=$((START_S + BUDGET_S - REPORT_RESERVE_S - $(date +%s)))
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -le 5 ]; then
+        echo "=== $name: skipped, no time left in the ${BUDGET_S}s budget"
+        echo "$name 125 0" >> "$WORK/stages.txt"
+        return
+    fi
+    echo "=== $name (at most ${limit}s) $(date -u +%H:%M:%S)"
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@"
+    rc=$?
+    echo "=== $name: rc $rc in $(($(date +%s) - t0))s"
+    echo "$name $rc $(($(date +%s) - t0))" >> "$WORK/stages.txt"
+}
+
+gpu_processes() {
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null || true
+}
+
+if [ "${SKIP_INSTALL:-0}" != 1 ]; then
+    stage install 120 env PYTHON="$PYTHON" bash scripts/gpu/install_carry.sh "$CARRY" "$SITE"
+fi
+stage versions 60 "$PYTHON" scripts/gpu/check.py versions "$WORK"
+
+# shellcheck disable=SC2086  # EXTRA_OVERRIDES: words on purpose
+overrides=()
+for o in ${EXTRA_OVERRIDES:-}; do overrides+=(--override "$o"); done
+if [ "${SKIP_RUNS:-0}" != 1 ]; then
+    stage runs $((3 * RUN_TIMEOUT_S)) "$PYTHON" scripts/gpu/check.py runs "$WORK" --steps "$STEPS" \
+        --save-steps "$SAVE_STEPS" --run-timeout "$RUN_TIMEOUT_S" "${overrides[@]}"
+    echo "GPU processes left after the runs: $(gpu_processes)"
+fi
+
+xdist=()
+"$PYTHON" -c "import xdist" 2>/dev/null && xdist=(-n 4)
+if [ "${SKIP_PYTEST:-0}" != 1 ]; then
+    stage pytest 240 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -q -rfEs "${xdist[@]}" \
+        --junitxml="$WORK/pytest.xml" tests
+fi
+
+"$PYTHON" scripts/gpu/check.py report "$WORK" "$OUT/gpu_check.json"
+exp=$WORK/runs/straight/rlvr_lora_zero3
+cp "$WORK"/run_*.log "$OUT"/ 2>/dev/null
+cp "$exp/colocation_trace.jsonl" "$OUT"/ 2>/dev/null
+cp "$exp/metrics.jsonl" "$OUT/metrics_straight.jsonl" 2>/dev/null
+cp "$WORK/runs/resume/rlvr_lora_zero3/metrics.jsonl" "$OUT/metrics_resumed.jsonl" 2>/dev/null
+echo "=== done in $(($(date +%s) - START_S))s; $OUT: $(ls "$OUT" | tr '\n' ' ')"
+exec >&- 2>&-
+wait "$TEE_PID"  # check.log complete before the device collects $OUT
