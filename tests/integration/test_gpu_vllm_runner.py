@@ -12,7 +12,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _gpu import NEEDS_VLLM  # noqa: E402
+from _gpu import NEEDS_VLLM
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu, NEEDS_VLLM]
 
