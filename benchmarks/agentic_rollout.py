@@ -49,7 +49,13 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from roll_ds.agentic.env_pool import EnvTypeSpec, LocalEnvPool
-    from roll_ds.agentic.runner import EpisodeRunner, EpisodeSpec, TurnLimits, episode_metrics
+    from roll_ds.agentic.runner import (
+        EpisodeRunner,
+        EpisodeSpec,
+        TurnLimits,
+        episode_metrics,
+        one_sample_each,
+    )
     from roll_ds.models.shipped import resolve_pretrain
     from strategies.vllm import VllmStrategy
 
@@ -83,7 +89,7 @@ def main() -> None:
     runner = EpisodeRunner(
         tokenizer=tokenizer,
         pool=LocalEnvPool(specs, step_timeout_s=30),
-        generate=generate,
+        generate=one_sample_each(generate),
         limits={"e": TurnLimits(args.max_turns, args.tokens_per_turn)},
         max_context_tokens=args.context,
     )

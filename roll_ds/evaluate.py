@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from roll_ds.checkpoint import COMPLETE, LATEST
-from roll_ds.config.agentic import is_agentic
+from roll_ds.config.agentic import has_environments
 from roll_ds.pipeline.eval_metrics import GREEDY_NAMES, LENGTH_NAMES, PREFIX, SAMPLED
 
 if TYPE_CHECKING:
@@ -147,18 +147,17 @@ def eval_config(cfg: RLVRConfig, model_dir: str | Path) -> RLVRConfig:
 def evaluate_model(cfg: RLVRConfig, model_dir: str | Path) -> tuple[dict[str, float], int]:
     """Start the rollout and reward roles on the model at ``model_dir`` and evaluate it as the
     training loop does; returns the metrics and the number of held-out prompts."""
-    from roll_ds.config.agentic import is_agentic
-    from roll_ds.pipeline.agentic import AgenticPipeline
     from roll_ds.pipeline.rlvr import RLVRPipeline
 
-    agentic = is_agentic(cfg)
-    # data (or environments) read exactly as training reads them
-    pipeline = (AgenticPipeline if agentic else RLVRPipeline)(eval_config(cfg, model_dir))
+    # data and environments read exactly as training reads them
+    pipeline = RLVRPipeline(eval_config(cfg, model_dir))
     try:
         pipeline.start(eval_only=True)
-        metrics = pipeline.evaluate()
-        count = cfg.val_env_manager.num_env_groups * cfg.val_env_manager.group_size
-        return metrics, count if agentic else len(pipeline.eval_rows)
+        metrics = {k: v for k, v in pipeline.evaluate().items() if not k.startswith("eval/sync/")}
+        episodes = 0
+        if cfg.val_env_manager.tags:
+            episodes = cfg.val_env_manager.num_env_groups * cfg.val_env_manager.group_size
+        return metrics, len(pipeline.tasks.eval_rows) + episodes
     finally:
         pipeline.shutdown()
 
@@ -261,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         checkpoint, overrides = split_checkpoint_arg(args.overrides)
         cfg = _load_config(args.config_name, overrides, args.config_dir)
-        if not cfg.validation.data_args.file_name and not is_agentic(cfg):
+        if not cfg.validation.data_args.file_name and not has_environments(cfg):
             raise ValueError(
                 "validation.data_args.file_name: empty; list the held-out data files to "
                 "evaluate on (as for eval_steps in training)"

@@ -178,6 +178,8 @@ class HfInferStrategy:
         seed: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
         first_prompt_index: int = 0,
+        prompt_indices: Sequence[int] | None = None,
+        max_new_tokens_each: Sequence[int] | None = None,
     ) -> dict[str, list[Any]]:
         """Sample ``n`` responses per prompt with HF ``generate`` (unset arguments come from
         ``generating_args``). Same result shape as the vllm strategy: flat per-sample lists,
@@ -188,8 +190,10 @@ class HfInferStrategy:
         ``finish_reason`` (``"stop"`` or ``"length"``), ``stop_reason`` (None).
 
         HF ``generate`` draws every row of the batch from one generator (seeded with ``seed``
-        and ``first_prompt_index``): unlike vllm's per-request seeds, what a prompt samples
-        depends on the batch it is in."""
+        and the first prompt's index, ``prompt_indices[0]`` or ``first_prompt_index``): unlike
+        vllm's per-request seeds, what a prompt samples depends on the batch it is in.
+        ``max_new_tokens_each``: a token limit per prompt (the batch generates to the largest,
+        each row is cut to its own)."""
         self._require_awake(*SLEEP_TAGS)
         g = self.generating_args
         n = n if n is not None else g.num_return_sequences
@@ -198,6 +202,10 @@ class HfInferStrategy:
         top_k = g.top_k if top_k is None else top_k
         seed = g.seed if seed is None else seed
         max_new = max_new_tokens or self.max_new_tokens
+        limits = [int(m) for m in max_new_tokens_each or [max_new] * len(prompts)]
+        max_new = max(limits)
+        if prompt_indices is not None:
+            first_prompt_index = int(prompt_indices[0])
         cfg = self.model.generation_config
         stops = set(_as_list(cfg.eos_token_id)) | set(stop_token_ids or self.stop_token_ids)
         pad_id = _first(cfg.pad_token_id, cfg.eos_token_id, 0)
@@ -224,6 +232,7 @@ class HfInferStrategy:
         logprobs_BT = _common.logprobs_from_logits(logits_BTV, new_BT)
         result: dict[str, list[Any]] = {k: [] for k in RESULT_KEYS}
         for row, (ids, lps) in enumerate(zip(new_BT.tolist(), logprobs_BT.tolist(), strict=True)):
+            ids, lps = ids[: limits[row // n]], lps[: limits[row // n]]
             stop_at = next((t for t, tok in enumerate(ids) if tok in stops), None)
             length = len(ids) if stop_at is None else stop_at + 1
             result["prompt_index"].append(row // n)

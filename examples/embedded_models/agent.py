@@ -377,7 +377,7 @@ def measure(model: Any, fmt: Any, recipe: AgentRecipe) -> dict:
     (``roll_ds.agentic.runner.EpisodeRunner``) with ``model`` as a local engine: greedy (one
     episode per seed) and sampled at temperature 1 (``eval_samples`` per seed)."""
     from roll_ds.agentic.env_pool import EnvTypeSpec, LocalEnvPool
-    from roll_ds.agentic.runner import EpisodeRunner, EpisodeSpec, TurnLimits
+    from roll_ds.agentic.runner import EpisodeRunner, EpisodeSpec, TurnLimits, one_sample_each
 
     seeds = list(range(recipe.eval_seed_start, recipe.eval_seed_start + recipe.n_eval))
     out = {}
@@ -387,7 +387,7 @@ def measure(model: Any, fmt: Any, recipe: AgentRecipe) -> dict:
             runner = EpisodeRunner(
                 tokenizer=fmt.tokenizer,
                 pool=LocalEnvPool({name: EnvTypeSpec(name, recipe.env_config(name))}, 30.0),
-                generate=local_engine(model, fmt, sampled),
+                generate=one_sample_each(local_engine(model, fmt, sampled)),
                 limits={name: TurnLimits(recipe.max_turns, recipe.max_new_tokens)},
                 max_context_tokens=MAX_CONTEXT,
             )

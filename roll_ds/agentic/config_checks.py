@@ -7,14 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from roll_ds.agentic.registry import TOOL_PARSERS, TOOLS, env_type_problem
-from roll_ds.config.agentic import REWARD_MODES, TRUNCATION_SIDES, EnvManagerConfig, is_agentic
+from roll_ds.config.agentic import (
+    REWARD_MODES,
+    TRUNCATION_SIDES,
+    EnvManagerConfig,
+    has_environments,
+    row_groups,
+)
 from roll_ds.config.ranges import SEED_MAX
+from roll_ds.config.strategies import STRATEGY_SPECS
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 
 def agentic_problems(cfg: Any) -> list[str]:
-    if not is_agentic(cfg):
+    if not has_environments(cfg):
         return []
     problems: list[str] = []
     for name, spec in cfg.custom_envs.items():
@@ -28,10 +35,18 @@ def agentic_problems(cfg: Any) -> list[str]:
             )
         problems += _manager_problems("val_env_manager", cfg.val_env_manager, cfg)
     train = cfg.train_env_manager
-    if train.num_env_groups != cfg.rollout_batch_size:
+    if train.num_env_groups > cfg.rollout_batch_size:
         problems.append(
-            f"train_env_manager.num_env_groups: {train.num_env_groups} but rollout_batch_size "
-            f"is {cfg.rollout_batch_size}; they are the same number (groups per step): set "
+            f"train_env_manager.num_env_groups: {train.num_env_groups} of rollout_batch_size "
+            f"{cfg.rollout_batch_size} groups per step; raise rollout_batch_size (all episodes: "
+            "rollout_batch_size: ${train_env_manager.num_env_groups})"
+        )
+    elif row_groups(cfg) > 0 and not cfg.actor_train.data_args.file_name:
+        problems.append(
+            f"rollout_batch_size: {cfg.rollout_batch_size} groups per step, "
+            f"train_env_manager.num_env_groups {train.num_env_groups} of them environment "
+            f"episodes: the other {row_groups(cfg)} are dataset rows, but "
+            "actor_train.data_args.file_name lists no data; list files, or set "
             "rollout_batch_size: ${train_env_manager.num_env_groups}"
         )
     if train.group_size != cfg.num_return_sequences_in_group:
@@ -132,10 +147,12 @@ def _runner_problems(cfg: Any) -> list[str]:
     problems += _seed_offset_problems(cfg)
     if agentic.num_env_workers < 1:
         problems.append(f"agentic.num_env_workers: {agentic.num_env_workers}; must be >= 1")
-    if cfg.actor_infer.strategy_args.strategy_name != "vllm":
+    infer = cfg.actor_infer.strategy_args.strategy_name
+    if infer in STRATEGY_SPECS and not STRATEGY_SPECS[infer].per_request_seeds:
+        engines = sorted(n for n, s in STRATEGY_SPECS.items() if s.per_request_seeds)
         problems.append(
-            "actor_infer.strategy_args.strategy_name: agentic episodes are generated token in / "
-            "token out on vllm; set it to vllm"
+            f"actor_infer.strategy_args.strategy_name: {infer!r} cannot seed and limit each "
+            f"episode's turn on its own, which environment episodes need; use one of {engines}"
         )
     if algo.dynamic_sampling:
         problems.append(

@@ -1,5 +1,9 @@
 """One episode's tokens, masks and rewards, as the runner builds it turn by turn.
 
+Every rollout is an episode: a dataset row's is one turn (its prompt the first observation, its
+response the policy turn, scored afterwards by the reward roles; ``row`` says which row), an
+environment's has as many turns as the environment plays.
+
     prompt_ids                        the first observation (chat template, generation prompt)
     token_ids   = turn 0's policy tokens + observation 0's tokens + turn 1's policy tokens ...
     policy_mask = 1 on policy tokens (what the loss trains), 0 on observation / tool tokens
@@ -48,6 +52,12 @@ class Episode:
     truncated_observations: int = 0  # reply messages cut to max_observation_tokens
     env_seconds: float = 0.0
     last_turn_closed: bool = True  # the last policy turn ended with the end-of-turn token
+    row: int = -1  # a dataset row's episode: the row (in the phase's train or held-out rows)
+    finish_reason: str = ""  # the engine's, for the last policy turn: stop | length
+    # The policy version that sampled each token (-1: an observation, or not recorded): under
+    # async_generation.mode=stream a turn may span a weight sync.
+    token_versions: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)  # a row's reward info (correct, ...)
 
     @property
     def running(self) -> bool:
@@ -69,8 +79,21 @@ class Episode:
     def total_reward(self) -> float:
         return float(sum(self.turn_rewards))
 
-    def add_policy_turn(self, ids: list[int], logprobs: list[float], *, closed: bool) -> None:
-        """The policy's tokens of a new turn, as generated."""
+    @property
+    def is_row(self) -> bool:
+        return self.row >= 0
+
+    def add_policy_turn(
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        *,
+        closed: bool,
+        finish_reason: str = "",
+        versions: list[int] | None = None,
+    ) -> None:
+        """The policy's tokens of a new turn, as generated (``versions``: the policy version
+        that sampled each)."""
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} policy tokens but {len(logprobs)} log-probs")
         turn = len(self.turn_rewards)
@@ -78,8 +101,10 @@ class Episode:
         self.policy_mask.extend([1] * len(ids))
         self.logprobs.extend(float(x) for x in logprobs)
         self.turn_index.extend([turn] * len(ids))
+        self.token_versions.extend(versions if versions is not None else [-1] * len(ids))
         self.turn_rewards.append(0.0)
         self.last_turn_closed = closed
+        self.finish_reason = finish_reason
 
     def add_reward(self, reward: float, info: dict[str, Any]) -> None:
         """The environment's answer to the last turn: its reward and counters."""
@@ -96,6 +121,7 @@ class Episode:
         self.policy_mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
         self.turn_index.extend([turn] * len(ids))
+        self.token_versions.extend([-1] * len(ids))
 
     def end(self, status: str) -> None:
         if status not in STATUSES:

@@ -1,14 +1,17 @@
 """Many episodes stepped together: one generate call per turn for every unfinished episode,
-then every environment step of that turn at once.
+then every environment step of that turn at once. A dataset row is an episode of one turn.
 
-    reset all (concurrently) -> prompt tokens
+    reset all (concurrently) -> prompt tokens (a row's: its tokenized prompt)
     loop: generate the next turn of all running episodes from their exact token sequences
-          -> decode each turn -> step all environments -> observation tokens appended
+          -> a row's episode ends (the reward roles score it afterwards)
+          -> decode each environment turn -> step all environments -> observation tokens
           -> an episode ends when its environment says done, at max_actions_per_traj turns, when
              the next turn would not fit the context budget, or on an environment error/timeout
 
-``generate(contexts, max_new_tokens, row_ids, seed)`` is the rollout engines' call (token ids
-in, token ids and sampled log-probs out, one sample per context); ``pool`` is an
+``generate(requests)`` is the rollout engines' call: token ids in, ``n`` samples (token ids and
+their sampled log-probs) out per ``TurnRequest``. A row group's episodes share one request of
+``n`` samples, seeded by the row's position in the draw; an environment episode's turn is a
+request of one sample seeded by its episode id and the turn. ``pool`` is an
 ``roll_ds/agentic/env_pool.py`` pool. Both are injected, so the loop runs the same on vLLM
 workers, on a local engine, or in a unit test.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from roll_ds.agentic.chat import ChatFormat
@@ -35,7 +38,57 @@ from roll_ds.agentic.episode import (
 from roll_ds.agentic.truncation import ObservationCutter
 from roll_ds.config.agentic import EnvSpecConfig
 
-GenerateFn = Callable[[list[list[int]], list[int], list[int], int], Mapping[str, list[Any]]]
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """``n`` samples continuing ``context``; the engine seeds them from ``(seed, index)``."""
+
+    context: list[int]
+    n: int
+    index: int
+    seed: int
+    max_new_tokens: int
+
+
+@dataclass
+class Sample:
+    """One generated turn: its tokens, their sampled log-probs, why it stopped and (streamed
+    generation) the policy version that sampled each token."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    versions: list[int] | None = None
+
+
+GenerateFn = Callable[[list[TurnRequest]], list[list[Sample]]]
+ContextsFn = Callable[[list[list[int]], list[int], list[int], int], Mapping[str, list[Any]]]
+
+
+def one_sample_each(generate: ContextsFn) -> GenerateFn:
+    """A ``GenerateFn`` over a local engine that samples one continuation per context:
+    ``generate(contexts, max_new_tokens, indices, seed)`` returning ``response_ids``,
+    ``rollout_logprobs`` and (optionally) ``finish_reason`` lists (environment episodes only:
+    every request of a turn has ``n`` 1 and the turn's seed)."""
+
+    def run(requests: list[TurnRequest]) -> list[list[Sample]]:
+        if any(r.n != 1 for r in requests) or len({r.seed for r in requests}) > 1:
+            raise ValueError("one_sample_each serves environment turns (n 1, one seed)")
+        out = generate(
+            [r.context for r in requests],
+            [r.max_new_tokens for r in requests],
+            [r.index for r in requests],
+            requests[0].seed,
+        )
+        reasons = out.get("finish_reason") or [""] * len(requests)
+        return [
+            [Sample(list(ids), list(lps), reason)]
+            for ids, lps, reason in zip(
+                out["response_ids"], out["rollout_logprobs"], reasons, strict=True
+            )
+        ]
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -61,10 +114,17 @@ class TurnLimits:
 
 @dataclass
 class EpisodeSpec:
+    """One episode to play: an environment's (``tag`` in the pool, reset with ``env_seed``), or
+    a dataset row's (``prompt_ids`` given; ``tag`` is its domain, ``row`` the row, ``index`` its
+    position in the draw, which seeds its group's request)."""
+
     episode_id: int
     group: int
     tag: str
-    env_seed: int
+    env_seed: int = -1
+    prompt_ids: list[int] | None = field(default=None, repr=False)
+    row: int = -1
+    index: int = 0
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -84,13 +144,16 @@ class EpisodeRunner:
         limits: Mapping[str, TurnLimits],
         max_context_tokens: int,
         error_reward: float = 0.0,
+        row_max_new_tokens: int = 1,
     ) -> None:
+        """``limits``: per environment tag; ``row_max_new_tokens``: a row's response limit."""
         self.tokenizer = tokenizer
         self.pool = pool
         self.generate = generate
         self.limits = dict(limits)
         self.max_context_tokens = max_context_tokens
         self.error_reward = error_reward
+        self.row_max_new_tokens = row_max_new_tokens
         self._chats: dict[str, ChatFormat] = {}
         self._cutter = ObservationCutter(tokenizer)
 
@@ -100,16 +163,71 @@ class EpisodeRunner:
             self._chats[key] = ChatFormat(self.tokenizer, tools)
         return self._chats[key]
 
-    def run(self, specs: Sequence[EpisodeSpec], *, seed: int) -> tuple[list[Episode], dict]:
+    def run(
+        self, specs: Sequence[EpisodeSpec], *, seed: int, row_seed: int | None = None
+    ) -> tuple[list[Episode], dict]:
         """The episodes of ``specs``, played to the end; and timings (``generate_s``,
-        ``env_s``: wall time of the generate calls and of the environment calls)."""
-        episodes = [Episode(s.episode_id, s.group, s.tag, s.env_seed) for s in specs]
-        chats: dict[int, ChatFormat] = {}
+        ``env_s``: wall time of the generate calls and of the environment calls). Environment
+        turn ``t`` is seeded by ``turn_seed(seed, t)``, rows by ``row_seed`` (default
+        ``seed``)."""
+        episodes = [Episode(s.episode_id, s.group, s.tag, s.env_seed, row=s.row) for s in specs]
+        spec_of = {id(e): s for e, s in zip(episodes, specs, strict=True)}
         timings = {"generate_s": 0.0, "env_s": 0.0, "turns": 0}
+        chats = self._reset(episodes, specs, timings)
+        row_seed = seed if row_seed is None else row_seed
+        turn = 0
+        while True:
+            active = [e for e in episodes if e.running]
+            if not active:
+                break
+            requests, owners = self._requests(
+                active, spec_of, seed=turn_seed(seed, turn), row_seed=row_seed
+            )
+            started = time.perf_counter()
+            outputs = self.generate(requests)
+            timings["generate_s"] += time.perf_counter() - started
+            acting: list[tuple[Episode, str]] = []
+            for members, samples in zip(owners, outputs, strict=True):
+                for episode, sample in zip(members, samples, strict=True):
+                    chat = chats.get(episode.episode_id)
+                    closed = chat is not None and bool(sample.ids) and sample.ids[-1] == chat.eos_id
+                    episode.add_policy_turn(
+                        list(sample.ids),
+                        list(sample.logprobs),
+                        closed=closed,
+                        finish_reason=sample.finish_reason,
+                        versions=sample.versions,
+                    )
+                    if episode.is_row:  # one turn; the reward roles score it
+                        episode.end(DONE)
+                    else:
+                        acting.append((episode, chat.decode(sample.ids)))
+            if acting:
+                self._step(acting, chats, timings)
+            turn += 1
+        envs = [e.episode_id for e in episodes if not e.is_row]
+        if envs:
+            self.pool.close(envs)
+        timings["turns"] = turn
+        return episodes, timings
+
+    def _reset(
+        self, episodes: list[Episode], specs: Sequence[EpisodeSpec], timings: dict
+    ) -> dict[int, ChatFormat]:
+        """Rows take their prompt; environments are reset (concurrently) and rendered."""
+        envs = []
+        for episode, spec in zip(episodes, specs, strict=True):
+            if spec.prompt_ids is not None:
+                episode.prompt_ids = list(spec.prompt_ids)
+            else:
+                envs.append(episode)
+        chats: dict[int, ChatFormat] = {}
+        if not envs:
+            return chats
         started = time.perf_counter()
-        replies = self.pool.reset([(e.episode_id, e.tag, e.env_seed) for e in episodes])
+        replies = self.pool.reset([(e.episode_id, e.tag, e.env_seed) for e in envs])
         timings["env_s"] += time.perf_counter() - started
-        for episode, reply in zip(episodes, replies, strict=True):
+        for episode, reply in zip(envs, replies, strict=True):
             chat = chats[episode.episode_id] = self.chat_for(reply.tools)
             episode.env_seconds += reply.seconds
             if reply.status != OK:  # no task: an empty episode that trains nothing
@@ -122,37 +240,56 @@ class EpisodeRunner:
             if episode.context_length >= self.max_context_tokens:
                 episode.turn_rewards.append(0.0)
                 episode.end(CONTEXT_LIMIT)
-        turn = 0
-        while True:
-            active = [e for e in episodes if e.running]
-            if not active:
-                break
-            started = time.perf_counter()
-            out = self.generate(
-                [e.context_ids for e in active],
-                [self._max_new_tokens(e) for e in active],
-                [e.episode_id for e in active],
-                turn_seed(seed, turn),
-            )
-            timings["generate_s"] += time.perf_counter() - started
-            actions = []
-            for i, episode in enumerate(active):
-                ids = list(out["response_ids"][i])
-                chat = chats[episode.episode_id]
-                closed = bool(ids) and ids[-1] == chat.eos_id
-                episode.add_policy_turn(ids, list(out["rollout_logprobs"][i]), closed=closed)
-                actions.append(chat.decode(ids))
-            started = time.perf_counter()
-            replies = self.pool.step(
-                [(e.episode_id, a) for e, a in zip(active, actions, strict=True)]
-            )
-            timings["env_s"] += time.perf_counter() - started
-            for episode, action, reply in zip(active, actions, replies, strict=True):
-                self._after_step(episode, action, reply, chats[episode.episode_id])
-            turn += 1
-        self.pool.close([e.episode_id for e in episodes])
-        timings["turns"] = turn
-        return episodes, timings
+        return chats
+
+    def _requests(
+        self,
+        active: list[Episode],
+        spec_of: Mapping[int, EpisodeSpec],
+        *,
+        seed: int,
+        row_seed: int,
+    ) -> tuple[list[TurnRequest], list[list[Episode]]]:
+        """This turn's requests and, for each, the episodes its samples go to (a row group's
+        episodes share one request of ``n`` samples)."""
+        requests: list[TurnRequest] = []
+        owners: list[list[Episode]] = []
+        groups: dict[int, int] = {}  # a row group -> its request
+        for episode in active:
+            spec = spec_of[id(episode)]
+            if not episode.is_row:
+                requests.append(
+                    TurnRequest(
+                        episode.context_ids,
+                        1,
+                        episode.episode_id,
+                        seed,
+                        self._max_new_tokens(episode),
+                    )
+                )
+                owners.append([episode])
+            elif spec.group in groups:
+                owners[groups[spec.group]].append(episode)
+            else:
+                groups[spec.group] = len(requests)
+                requests.append(
+                    TurnRequest(
+                        list(spec.prompt_ids), 1, spec.index, row_seed, self.row_max_new_tokens
+                    )
+                )
+                owners.append([episode])
+        for i in groups.values():  # one sample per episode of the group
+            requests[i] = TurnRequest(**{**requests[i].__dict__, "n": len(owners[i])})
+        return requests, owners
+
+    def _step(
+        self, acting: list[tuple[Episode, str]], chats: dict[int, ChatFormat], timings: dict
+    ) -> None:
+        started = time.perf_counter()
+        replies = self.pool.step([(e.episode_id, action) for e, action in acting])
+        timings["env_s"] += time.perf_counter() - started
+        for (episode, action), reply in zip(acting, replies, strict=True):
+            self._after_step(episode, action, reply, chats[episode.episode_id])
 
     def _max_new_tokens(self, episode: Episode) -> int:
         room = self.max_context_tokens - episode.context_length

@@ -20,7 +20,9 @@ the same thing (a ROLL user recognises ``train_env_manager``, ``custom_envs``, `
       tags: [GuessNumber]
     agentic: {...}                # runner settings (AgenticConfig)
 
-The pipeline is agentic when ``train_env_manager.tags`` is not empty. Each episode's context
+A step plays environment episodes when ``train_env_manager.tags`` is not empty:
+``num_env_groups`` of its ``rollout_batch_size`` groups; the others are dataset rows
+(``actor_train.data_args``), so a run may be all rows, all episodes, or both. Each episode's context
 budget is ``prompt_length + response_length`` (the first observation, then every policy and
 observation token after it).
 """
@@ -83,6 +85,12 @@ class AgenticConfig:
     val_seed_offset: int = 1_000_000
 
 
-def is_agentic(cfg: Any) -> bool:
-    """Whether ``cfg`` (an ``RLVRConfig``) trains on environment episodes."""
+def has_environments(cfg: Any) -> bool:
+    """Whether ``cfg`` (an ``RLVRConfig``) plays environment episodes in training."""
     return bool(cfg.train_env_manager.tags)
+
+
+def row_groups(cfg: Any) -> int:
+    """Dataset-row groups per step: ``rollout_batch_size`` less the environment groups."""
+    envs = cfg.train_env_manager.num_env_groups if has_environments(cfg) else 0
+    return cfg.rollout_batch_size - envs

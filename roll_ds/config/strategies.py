@@ -42,6 +42,15 @@ class StrategySpec:
     # gpu_memory_utilization, sized as if the GPU were empty) and can turn its sleep mode off
     # (enable_sleep_mode): colocation's memory checks apply to it beside trainers.
     gpu_memory_share: bool = False
+    # generate: every request seeded on its own (what a prompt samples does not depend on the
+    # batch it is in), a token limit per request: environment episodes need it
+    per_request_seeds: bool = False
+    # generate(probe=...): scores parity-probe rows in the same engine steps as the rollout
+    probe_in_generate: bool = False
+    # a request stream a weight sync pauses between decode steps (async_generation.mode=stream)
+    streams: bool = False
+    # train_step_with_old_logprobs: the old log-probs from the train step's own forwards
+    old_logprobs_in_train_step: bool = False
 
 
 _DEEPSPEED_CHECKS = "strategies.deepspeed.config_checks:strategy_config_problems"
@@ -53,6 +62,7 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         generates=False,
         role_checks=_DEEPSPEED_CHECKS,
         token_micro_batches=True,
+        old_logprobs_in_train_step=True,
     ),
     "deepspeed_infer": StrategySpec(
         "strategies.deepspeed.infer:DeepSpeedInferStrategy",
@@ -76,6 +86,9 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         rollout_checks="strategies.vllm.config_checks:rollout_problems",
         sleeps=True,
         gpu_memory_share=True,
+        per_request_seeds=True,
+        probe_in_generate=True,
+        streams=True,
     ),
 }
 

@@ -33,7 +33,7 @@ from dataclasses import fields, is_dataclass
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from roll_ds.config.agentic import is_agentic
+from roll_ds.config.agentic import has_environments, row_groups
 from roll_ds.config.checks.components import component_problems
 from roll_ds.config.checks.fields import pipeline_field_problems
 from roll_ds.config.checks.lengths import length_problems
@@ -149,14 +149,14 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += component_problems("evaluation", cfg)  # validation sampling, save_best
     problems += device_problems(cfg)
     problems += component_problems("weight_sync_layout", cfg)  # transport vs shared GPUs
-    if is_agentic(cfg):  # episodes from environments instead of prompt files
+    if has_environments(cfg):  # environment episodes, all or some of each step's groups
         problems += component_problems("agentic", cfg)  # roll_ds/agentic/config_checks.py
-        if check_files:
-            problems += model_path_problems(cfg)
-    else:
+    if row_groups(cfg) > 0 or not has_environments(cfg):  # dataset rows
         if check_files:
             problems += path_problems(cfg)
         problems += component_problems("data", cfg, check_files=check_files)
+    elif check_files:
+        problems += model_path_problems(cfg)
     if problems:
         raise ConfigError(problems)
     return warnings

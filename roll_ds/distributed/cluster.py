@@ -274,7 +274,9 @@ def _resolve(worker_cls: type[Worker] | ActorClass) -> tuple[type, ActorClass]:
         cls = modified.__bases__[0] if "__ray_terminate__" in vars(modified) else modified
     if not (isinstance(cls, type) and issubclass(cls, Worker)):
         raise TypeError(f"{cls!r} is not a subclass of roll_ds.distributed.worker.Worker")
-    return cls, ray.remote(_with_rank_env(cls))
+    groups = getattr(cls, "CONCURRENCY_GROUPS", None)  # methods Ray threads beside the rest
+    remote = ray.remote(concurrency_groups=groups) if groups else ray.remote
+    return cls, remote(_with_rank_env(cls))
 
 
 def _with_rank_env(cls: type) -> type:

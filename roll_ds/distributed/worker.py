@@ -38,6 +38,10 @@ from roll_ds.log_noise import quiet_warnings
 
 
 class Worker:
+    # Ray concurrency groups of the actor ({name: threads}); methods opt in with
+    # ray.method(concurrency_group=name). The rest run one at a time, in order.
+    CONCURRENCY_GROUPS: dict[str, int] | None = None
+
     def __init__(self) -> None:
         apply_thread_budget()
         quiet_warnings()

@@ -1,17 +1,18 @@
-"""One evaluation of the policy the rollout engines serve, on held-out rows.
+"""One evaluation of the policy the rollout engines serve, on the held-out tasks.
 
-Shared by the training loop (``RLVRPipeline.evaluate``, after syncing the trainer's weights)
-and by ``python -m roll_ds.evaluate`` (an exported model or a converted checkpoint), so both
-report the same numbers for the same weights. What is reported: ``roll_ds.pipeline.eval_metrics``.
+The held-out dataset rows and the ``val_env_manager`` episodes play through the rollout phase's
+runner like training episodes, with ``validation.generating_args`` (greedy by default). Shared by
+the training loop (after syncing the trainer's weights) and ``python -m roll_ds.evaluate`` (an
+exported model or a converted checkpoint), so both report the same numbers for the same weights.
+What is reported: ``eval_metrics.py`` (rows) and ``roll_ds.agentic.runner.episode_metrics``
+(environments).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from roll_ds.config.schema import RLVRConfig
-from roll_ds.distributed.batch import Batch
+from roll_ds.agentic.runner import episode_metrics
 from roll_ds.pipeline.eval_metrics import (
     PREFIX,
     SAMPLED,
@@ -20,91 +21,63 @@ from roll_ds.pipeline.eval_metrics import (
     sampled_metrics,
 )
 from roll_ds.pipeline.rollout import domain_metrics
+from roll_ds.pipeline.scoring import score_rows
 
-Score = Callable[[Batch], None]  # fills ``scores`` and ``reward_info`` (RolloutPhase.score)
+if TYPE_CHECKING:
+    from roll_ds.agentic.episode import Episode
+    from roll_ds.pipeline.rollout_phase import RolloutPhase
 
 
-def evaluate_policy(
-    actor_infer: Any, score: Score, tokenizer: Any, rows: Sequence[dict], cfg: RLVRConfig
-) -> dict[str, float]:
-    """Greedy accuracy per domain (``eval/accuracy``, ``eval/<domain>/accuracy``, ...) and the
-    greedy responses' lengths; with ``validation.num_samples`` also mean@k / pass@k and the
-    samples' lengths. ``actor_infer`` is the rollout role, ``score`` sends samples to the
-    reward roles."""
+def evaluate_policy(phase: RolloutPhase) -> dict[str, float]:
+    """Rows: greedy accuracy per domain (``eval/accuracy``, ``eval/<domain>/accuracy``, ...) and
+    the responses' lengths; with ``validation.num_samples`` also mean@k / pass@k and the samples'
+    lengths. Environments: ``eval/success`` (and per tag, turns, tool calls, ...)."""
+    cfg, tasks = phase.cfg, phase.tasks
     val = cfg.validation
     gen = val.generating_args
-    sampling = dict(
-        top_p=gen.top_p,
-        top_k=gen.top_k,
-        max_new_tokens=gen.max_new_tokens or cfg.response_length,
-    )
-    greedy = generate_and_score(
-        actor_infer,
-        score,
-        tokenizer,
-        rows,
-        seed=cfg.seed,
-        n=1,
-        temperature=gen.temperature,
-        **sampling,
-    )
-    metrics = domain_metrics(
-        PREFIX, list(greedy["domain"]), greedy["scores"].tolist(), greedy["reward_info"]
-    )
-    metrics.update(length_metrics(list(greedy["length"]), list(greedy["finish_reason"])))
-    if not val.num_samples:
-        return metrics
-    sampled = generate_and_score(
-        actor_infer,
-        score,
-        tokenizer,
-        rows,
-        seed=cfg.seed,
-        n=val.num_samples,
-        temperature=val.sample_temperature,
-        **sampling,
-    )
-    correct = [info.get("correct") for info in sampled["reward_info"]]
-    metrics.update(
-        sampled_metrics(list(sampled["row"]), list(sampled["domain"]), correct, pass_ks(val))
-    )
-    metrics.update(
-        length_metrics(
-            list(sampled["length"]), list(sampled["finish_reason"]), f"{PREFIX}/{SAMPLED}"
+    sampling = {"temperature": gen.temperature, "top_p": gen.top_p, "top_k": gen.top_k}
+    max_new = gen.max_new_tokens or cfg.response_length
+    specs = tasks.eval_row_specs(1) + tasks.eval_env_specs(ahead=phase.queue is not None)
+    episodes, _ = phase.runner(sampling, max_new_tokens=max_new).run(specs, seed=cfg.seed)
+    rows = [e for e in episodes if e.is_row]
+    metrics: dict[str, float] = {}
+    if rows:
+        metrics.update(_row_metrics(phase, rows))
+    envs = [e for e in episodes if not e.is_row]
+    if envs:
+        metrics.update(episode_metrics(envs, PREFIX))
+    if rows and val.num_samples:
+        sampled, _ = phase.runner(
+            {**sampling, "temperature": val.sample_temperature}, max_new_tokens=max_new
+        ).run(tasks.eval_row_specs(val.num_samples), seed=cfg.seed)
+        _score(phase, sampled)
+        correct = [e.info.get("correct") for e in sampled]
+        metrics.update(
+            sampled_metrics(
+                [e.row for e in sampled], [e.tag for e in sampled], correct, pass_ks(val)
+            )
         )
+        metrics.update(
+            length_metrics(
+                [len(e.token_ids) for e in sampled],
+                [e.finish_reason for e in sampled],
+                f"{PREFIX}/{SAMPLED}",
+            )
+        )
+    return metrics
+
+
+def _row_metrics(phase: RolloutPhase, rows: list[Episode]) -> dict[str, float]:
+    _score(phase, rows)
+    metrics = domain_metrics(
+        PREFIX, [e.tag for e in rows], [e.total_reward for e in rows], [e.info for e in rows]
+    )
+    metrics.update(
+        length_metrics([len(e.token_ids) for e in rows], [e.finish_reason for e in rows])
     )
     return metrics
 
 
-def generate_and_score(
-    actor_infer: Any,
-    score: Score,
-    tokenizer: Any,
-    rows: Sequence[dict],
-    *,
-    seed: int,
-    **sampling: Any,
-) -> Batch:
-    """``sampling["n"]`` responses per row (grouped by row), decoded and scored: a batch with
-    ``row`` (index into ``rows``), ``prompt``, ``ground_truth``, ``domain``, ``response_text``,
-    ``length`` (tokens), ``finish_reason``, ``scores`` and ``reward_info``."""
-    prompt_batch = Batch(
-        non_tensors={"prompt_ids": [r["prompt_ids"] for r in rows], "row": range(len(rows))}
-    )
-    out = actor_infer.generate(prompt_batch, seed=seed, **sampling)
-    picked = [rows[r] for r in out["row"]]
-    samples = Batch(
-        non_tensors={
-            "row": list(out["row"]),
-            "prompt": [r["prompt"] for r in picked],
-            "ground_truth": [r["ground_truth"] for r in picked],
-            "domain": [r["domain"] for r in picked],
-            "response_text": [
-                tokenizer.decode(ids, skip_special_tokens=True) for ids in out["response_ids"]
-            ],
-            "length": [len(ids) for ids in out["response_ids"]],
-            "finish_reason": list(out["finish_reason"]),
-        }
-    )
-    score(samples)
-    return samples
+def _score(phase: RolloutPhase, episodes: list[Episode]) -> None:
+    tasks = phase.tasks
+    score_rows(episodes, tasks.eval_rows, phase.clusters, tasks.routes, phase.tokenizer)

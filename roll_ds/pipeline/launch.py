@@ -13,15 +13,13 @@ logger = logging.getLogger("roll_ds")
 
 
 def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
-    from roll_ds.config.agentic import is_agentic
-    from roll_ds.pipeline.agentic import AgenticPipeline
     from roll_ds.pipeline.rlvr import RLVRPipeline
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         # Everything that reads user input (model path, data files, routing) fails here,
         # before any Ray actor starts.
-        pipeline = AgenticPipeline(cfg) if is_agentic(cfg) else RLVRPipeline(cfg)
+        pipeline = RLVRPipeline(cfg)
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         print(f"roll_ds: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -1,51 +1,64 @@
-"""The log-prob phase of one RLVR step: the batch's ``old_logprobs`` (recomputed by the
-trainer, or the rollout's: ``algorithm.old_logprobs``), ``ref_logprobs`` (kl_coef > 0) and,
-with a critic, the critic's ``values``.
+"""The log-prob phase of one step: the batch's ``old_logprobs``, ``ref_logprobs`` (kl_coef > 0)
+and, with a critic, the critic's ``values``.
 
-Recomputed old log-probs are left to the train step where nothing reads them before it
-(``old_logprobs_in_train_step``): its first optimizer step's rows then take their train
-forward's own log-probs, so only the later steps' rows cost a forward (``deepspeed_train``'s
-``train_step_with_old_logprobs``); the batch gets the column back from the train phase."""
+Where PPO's old log-probs come from is chosen once, at start (``OldLogprobs.from_config``):
+``algorithm.old_logprobs`` recompute (a trainer forward), rollout (the engines' sampled-token
+log-probs) or auto (the rollout's where they are provably the trainer's numbers: an on-policy
+batch, fp32 on both sides, the latest parity check within ``AUTO_REUSE_PARITY``). Recomputed
+ones come from the train step itself where nothing reads them before it (``in_train_step``):
+its first optimizer step's rows take their train forward's own log-probs, so only the later
+steps' rows cost a forward; the batch gets the column back from the train phase.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from roll_ds.config.schema import RLVRConfig
+from roll_ds.config.strategies import STRATEGY_SPECS
 from roll_ds.distributed.batch import Batch
 
 AUTO_REUSE_PARITY = 1e-4  # algorithm.old_logprobs=auto: the parity gap that proves reuse safe
 
 
-def reuse_rollout_logprobs(cfg: RLVRConfig, *, staleness: float, last_parity: float | None) -> bool:
-    """``algorithm.old_logprobs``: auto reuses the rollout's log-probs only where they are
-    the trainer's numbers: an on-policy batch, fp32 on both sides, and the latest parity
-    probe (``last_parity``) within ``AUTO_REUSE_PARITY``."""
-    mode = cfg.algorithm.old_logprobs
-    if mode != "auto":
-        return mode == "rollout"
-    dtypes = {cfg.actor_train.model_args.dtype, cfg.actor_infer.model_args.dtype}
-    return (
-        staleness == 0
-        and dtypes == {"fp32"}
-        and last_parity is not None
-        and last_parity <= AUTO_REUSE_PARITY
-    )
+@dataclass(frozen=True)
+class OldLogprobs:
+    """Where a step's old log-probs come from (module doc)."""
 
+    mode: str  # recompute | rollout | auto
+    fp32: bool  # trainer and engines both fp32 (auto reuses only then)
+    in_train_step: bool  # recomputed ones come from the train step's forwards
 
-def old_logprobs_in_train_step(cfg: RLVRConfig) -> bool:
-    """Whether recomputed old log-probs can come from the train step: nothing reads them before
-    it (no reference KL: ``kl_coef`` 0), one pass over the batch (``ppo_epochs`` 1: a later
-    pass needs them fixed), on ``deepspeed_train``, no LoRA dropout (a train forward with
-    dropout is not the old policy's; the strategy checks the model's own)."""
-    train = cfg.actor_train
-    return (
-        cfg.algorithm.kl_coef == 0
-        and cfg.algorithm.ppo_epochs == 1
-        and train.strategy_args.strategy_name == "deepspeed_train"
-        and not train.model_args.lora_dropout
-    )
+    @classmethod
+    def from_config(cls, cfg: RLVRConfig) -> OldLogprobs:
+        train = cfg.actor_train
+        spec = STRATEGY_SPECS[train.strategy_args.strategy_name]
+        return cls(
+            mode=cfg.algorithm.old_logprobs,
+            fp32={train.model_args.dtype, cfg.actor_infer.model_args.dtype} == {"fp32"},
+            # nothing reads them before the train step (no reference KL), one pass over the
+            # batch (a later pass needs them fixed), no LoRA dropout (a train forward with
+            # dropout is not the old policy's; the strategy checks the model's own)
+            in_train_step=(
+                cfg.algorithm.kl_coef == 0
+                and cfg.algorithm.ppo_epochs == 1
+                and spec.old_logprobs_in_train_step
+                and not train.model_args.lora_dropout
+            ),
+        )
+
+    def reuse(self, *, staleness: float, last_parity: float | None) -> bool:
+        """Whether this step's batch trains on the rollout's log-probs."""
+        if self.mode != "auto":
+            return self.mode == "rollout"
+        return (
+            staleness == 0
+            and self.fp32
+            and last_parity is not None
+            and last_parity <= AUTO_REUSE_PARITY
+        )
 
 
 def reference_logprobs(clusters: Mapping[str, Any], inputs: Batch) -> Batch:

@@ -29,6 +29,8 @@ from roll_ds.algorithms.policy_loss import ppo_policy_loss
 from roll_ds.algorithms.value_loss import value_loss
 from roll_ds.config.schema import AlgorithmConfig
 
+ASYNC_TIS_CAP = 2.0  # algorithm.tis_cap when it is null under async_generation
+
 # What the training workers need of a batch (PolicyLoss reads these columns).
 TRAIN_KEYS = (
     "input_ids",
@@ -64,7 +66,15 @@ class PolicyLoss:
     norm_constant: float | None = None  # seq-mean-token-sum-norm: the response length budget
 
     @classmethod
-    def from_config(cls, algo: AlgorithmConfig, response_length: int) -> PolicyLoss:
+    def from_config(
+        cls, algo: AlgorithmConfig, response_length: int, *, played_ahead: bool = False
+    ) -> PolicyLoss:
+        """The loss ``algorithm`` describes; ``played_ahead`` (``async_generation``): stale
+        rollouts are corrected by token TIS at ``ASYNC_TIS_CAP`` unless ``tis_cap`` says
+        otherwise."""
+        tis_cap = algo.tis_cap
+        if tis_cap is None and played_ahead:
+            tis_cap = ASYNC_TIS_CAP
         return cls(
             clip_low=algo.clip_low,
             clip_high=algo.clip_high,
@@ -76,7 +86,7 @@ class PolicyLoss:
             kl_coef=algo.kl_coef if algo.use_kl_loss and not algo.kl_in_reward else 0.0,
             kl_estimator=algo.kl_estimator,
             entropy_coef=algo.entropy_coef,
-            tis_cap=algo.tis_cap,
+            tis_cap=tis_cap,
             rollout_correction=algo.rollout_correction,
             correction_low=algo.correction_low,
             correction_high=algo.correction_high,

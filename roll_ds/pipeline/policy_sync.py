@@ -1,126 +1,129 @@
-"""The sync phase: the trainer's policy into the rollout engines, then the parity probe.
+"""The sync phase: the trainer's policy into the rollout engines, then the parity check.
 
 ``PolicySync`` tracks which policy version the engines serve (``rollout_version``; None: never
-synced), builds the weight transport (``roll_ds.weight_sync``) on the first sync, and after
-each sync compares the engines' log-probs with the trainer's on a few train prompts
-(``weight_sync.parity_check``); a gap above the bound stops the run. Under
-``async_generation.mode=stream`` the engines' request streams are paused for the transfer and
-resumed with the new version's label (``strategies/vllm/stream.py``); the parity probe then
-runs beside the requests in flight.
+synced), builds the weight transport (``roll_ds.weight_sync``) on the first sync, and checks that
+the engines' log-probs equal the trainer's on a few fixed prompts (``weight_sync.parity_check``;
+a gap above the bound stops the run). Under ``async_generation.mode=stream`` the engines'
+request streams are paused for the transfer and resumed with the new version's label.
 
-A sync the step's rollout follows at once (``sync(..., defer_parity=True)``: the synchronous
-loop, engines not colocated) leaves the engines' side of the probe to the rollout's generate
-call: the trainer scores the probe beside the generation, the engines in the same engine steps as
-the rollout, and the rollout phase calls ``finish_parity`` before anything trains on it.
+How the parity check runs is chosen once, at start (``parity_mode``):
+
+    off          weight_sync.parity_check: false
+    colocated    the trainer scores the probe, leaves the GPU, then the engines score it
+    on_rollout   the synchronous loop on engines that score a probe inside generate: the
+                 trainer scores it beside the rollout, the engines in the same engine steps
+                 as the step's first generate call (no separate pass after every sync); the
+                 rollout phase hands the engines' log-probs back (``finish_on_rollout``)
+    after_sync   otherwise: both sides score the probe right after the sync
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from roll_ds.config.schema import RLVRConfig
+from roll_ds.config.strategies import STRATEGY_SPECS
 from roll_ds.pipeline.colocation import GENERATE, SYNC, Choreography, colocated_parity
-from roll_ds.pipeline.sync_gate import SyncGate
+from roll_ds.pipeline.engines import RolloutEngines
+
+OFF, COLOCATED, ON_ROLLOUT, AFTER_SYNC = "off", "colocated", "on_rollout", "after_sync"
+
+
+def parity_mode(cfg: RLVRConfig, *, colocated: bool) -> str:
+    """How the parity check runs in this run (module doc)."""
+    if not cfg.weight_sync.parity_check:
+        return OFF
+    if colocated:
+        return COLOCATED
+    spec = STRATEGY_SPECS[cfg.actor_infer.strategy_args.strategy_name]
+    if cfg.async_generation.max_staleness == 0 and spec.probe_in_generate:
+        return ON_ROLLOUT
+    return AFTER_SYNC
 
 
 class PolicySync:
-    """The sync phase over ``clusters`` (``actor_train`` -> ``actor_infer``); ``train_rows``
-    hold the parity probe's prompts."""
+    """The sync phase from ``train`` (the ``actor_train`` cluster) into ``engines``;
+    ``probe_prompts`` hold the parity probe's prompts (token ids)."""
 
     def __init__(
         self,
         cfg: RLVRConfig,
-        clusters: Mapping[str, Any],
+        train: Any,
+        engines: RolloutEngines,
         colocation: Choreography,
-        train_rows: list[dict],
+        probe_prompts: list[list[int]],
         pad_id: int,
     ) -> None:
         self.cfg = cfg
-        self.clusters = clusters
+        self.train = train
+        self.engines = engines
         self.colocation = colocation
-        self.train_rows = train_rows
+        self.probe_prompts = probe_prompts
         self.pad_id = pad_id
+        self.mode = parity_mode(cfg, colocated=colocation.active)
+        ag = cfg.async_generation
+        self.streaming = ag.mode == "stream" and ag.max_staleness > 0
         self.rollout_version: int | None = None  # the version the engines last received
-        self.last_parity: float | None = None  # max |delta| of the latest parity probe
+        self.last_parity: float | None = None  # max |delta| of the latest parity check
         self.transport: Any = None  # built once, on the first sync
-        self.parity_probe: Any = None
-        self.pending: Any = None  # a DeferredParity the next generate call completes
-        # Generate calls of threads playing ahead wait while a sync has the engines.
-        self.gate = SyncGate()
+        self._probe: Any = None
+        self._deferred: Any = None  # on_rollout: the trainer's side, waiting for the rollout
+        self._rollout_metrics: dict[str, float] = {}
 
-    @property
-    def streaming(self) -> bool:
-        """``async_generation.mode=stream``: generation goes on around each sync."""
-        ag = self.cfg.async_generation
-        return ag.mode == "stream" and ag.max_staleness > 0
-
-    @property
-    def actor_train(self) -> Any:
-        return self.clusters["actor_train"]
-
-    @property
-    def actor_infer(self) -> Any:
-        return self.clusters["actor_infer"]
-
-    def sync(self, policy_version: int, *, defer_parity: bool = False) -> dict[str, float]:
+    def sync(self, policy_version: int, *, before_rollout: bool = False) -> dict[str, float]:
         """Gather the policy's full weights from the ZeRO shards into every rollout engine (one
-        reload each, prefix cache dropped), then check parity. Returns ``sync/*`` metrics:
-        seconds, bytes, gbps, ... and ``sync/parity_max_abs_diff`` / ``_mean_abs_diff``; empty
-        when the engines already serve the trainer's version. ``defer_parity`` (not
-        colocated): the parity metrics come from ``finish_parity`` instead (module doc)."""
+        reload each, prefix cache dropped), then check parity. Returns ``sync/*`` metrics;
+        empty when the engines already serve ``policy_version``. ``before_rollout``: the
+        step's rollout follows at once (``on_rollout`` parity may ride on it)."""
         if self.rollout_version == policy_version and not self.colocation.needs_sync:
             return {}
-        metrics = self._transfer(policy_version, defer_parity)
-        self.rollout_version = policy_version
-        return metrics
-
-    def finish_parity(self, rollout_BT_per_worker: list[Any]) -> dict[str, float]:
-        """Complete the deferred parity check with the engines' probe log-probs (one tensor per
-        rollout worker, from their generate call); raises ``WeightSyncParityError`` above the
-        bound."""
-        pending, self.pending = self.pending, None
-        metrics = pending.finish(rollout_BT_per_worker)
-        self.last_parity = metrics["sync/parity_max_abs_diff"]
-        return metrics
-
-    def _transfer(self, policy_version: int, defer_parity: bool = False) -> dict[str, float]:
         from roll_ds.weight_sync.select import build_transport
 
-        ws = self.cfg.weight_sync
         if self.transport is None:
             self.transport = build_transport(
-                ws,
-                self.actor_train,
-                self.actor_infer,
+                self.cfg.weight_sync,
+                self.train,
+                self.engines.cluster,
                 rollout_dtype=self.cfg.actor_infer.model_args.dtype,
             )
-        with self.gate.sync():  # turns played ahead wait; those in flight finish first
-            self.colocation.enter(SYNC, policy_version)  # trainer loaded, engine weights awake
-            if self.streaming:  # requests in flight wait between two decode steps
-                started = time.perf_counter()
-                self.actor_infer.call("pause_generation")
-                paused_s = time.perf_counter() - started
-            metrics = self.transport.sync(self.actor_train, self.actor_infer)
-            if self.streaming:
-                self.actor_infer.call("resume_generation", policy_version)
-                metrics["sync/pause_s"] = paused_s
+        self.colocation.enter(SYNC, policy_version)  # trainer loaded, engine weights awake
+        if self.streaming:  # requests in flight wait between two decode steps
+            started = time.perf_counter()
+            self.engines.pause()
+            paused_s = time.perf_counter() - started
+        metrics = self.transport.sync(self.train, self.engines.cluster)
+        if self.streaming:
+            self.engines.resume(policy_version)
+            metrics["sync/pause_s"] = paused_s
         self.colocation.synced(policy_version)
-        self.last_parity = None
-        self.pending = None  # a probe of the weights just replaced is moot
-        if ws.parity_check:
-            checked = self._parity(metrics, policy_version, defer_parity)
-            metrics.update(checked)
-            self.last_parity = checked.get("sync/parity_max_abs_diff")
+        self.rollout_version = policy_version
+        self.last_parity, self._deferred = None, None  # a probe of replaced weights is moot
+        metrics.update(self._check(metrics, policy_version, before_rollout))
         return metrics
 
-    def _parity(
-        self, sync_metrics: dict[str, float], policy_version: int, defer: bool
+    # --- parity ------------------------------------------------------------------------------
+
+    def rollout_probe(self) -> dict | None:
+        """The probe the next generate call should score (``on_rollout``, once per sync)."""
+        return None if self._deferred is None else self._deferred.probe
+
+    def finish_on_rollout(self, rollout_BT_per_worker: list[Any]) -> None:
+        """Complete the ``on_rollout`` check with the engines' probe log-probs; raises
+        ``WeightSyncParityError`` above the bound. Its metrics come with ``pop_metrics``."""
+        deferred, self._deferred = self._deferred, None
+        metrics = deferred.finish(rollout_BT_per_worker)
+        self.last_parity = metrics["sync/parity_max_abs_diff"]
+        self._rollout_metrics.update(metrics)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The parity metrics a rollout completed since the last call."""
+        metrics, self._rollout_metrics = self._rollout_metrics, {}
+        return metrics
+
+    def _check(
+        self, sync_metrics: dict[str, float], policy_version: int, before_rollout: bool
     ) -> dict[str, float]:
-        """vLLM's vs the trainer's log-probs on the first ``parity_probe_size`` train prompts;
-        a gap above ``weight_sync.parity_max_abs_diff`` (default: by dtype) stops the run.
-        ``defer``: started here, completed by ``finish_parity`` (no metrics yet)."""
         from roll_ds.weight_sync.parity import (
             check_parity,
             default_max_abs_diff,
@@ -128,32 +131,36 @@ class PolicySync:
             probe_batch,
         )
 
-        ws, cfg = self.cfg.weight_sync, self.cfg
-        if self.parity_probe is None:
-            rows = [r["prompt_ids"] for r in self.train_rows if len(r["prompt_ids"]) >= 2]
-            self.parity_probe = probe_batch(rows[: ws.parity_probe_size], self.pad_id)
+        if self.mode == OFF:
+            return {}
+        cfg, ws = self.cfg, self.cfg.weight_sync
+        if self._probe is None:
+            rows = [p for p in self.probe_prompts if len(p) >= 2][: ws.parity_probe_size]
+            self._probe = probe_batch(rows, self.pad_id)
         dtypes = (cfg.actor_train.model_args.dtype, cfg.actor_infer.model_args.dtype)
         bound = ws.parity_max_abs_diff
         if bound is None:
             bound = default_max_abs_diff(*dtypes)
         what = (
             f"{int(sync_metrics.get('sync/num_tensors', 0))} tensors, trainer "
-            f"{dtypes[0]} -> {self.actor_infer.name} {dtypes[1]}"
+            f"{dtypes[0]} -> {self.engines.name} {dtypes[1]}"
         )
-        if defer and not self.colocation.active:
-            self.pending = defer_parity(
-                self.actor_train, self.actor_infer, self.parity_probe, max_abs_diff=bound, what=what
+        infer = self.engines.cluster
+        if self.mode == ON_ROLLOUT and before_rollout:
+            self._deferred = defer_parity(
+                self.train, infer, self._probe, max_abs_diff=bound, what=what
             )
             return {}
-        if self.colocation.active:  # the trainer scores, leaves the GPU, then the engines do
-            return colocated_parity(
-                self.actor_train,
-                self.actor_infer,
-                self.parity_probe,
+        if self.mode == COLOCATED:  # the trainer scores, leaves the GPU, then the engines do
+            checked = colocated_parity(
+                self.train,
+                infer,
+                self._probe,
                 max_abs_diff=bound,
                 what=what,
                 between=lambda: self.colocation.enter(GENERATE, policy_version),
             )
-        return check_parity(
-            self.actor_train, self.actor_infer, self.parity_probe, max_abs_diff=bound, what=what
-        )
+        else:
+            checked = check_parity(self.train, infer, self._probe, max_abs_diff=bound, what=what)
+        self.last_parity = checked["sync/parity_max_abs_diff"]
+        return checked

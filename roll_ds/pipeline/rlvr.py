@@ -1,46 +1,44 @@
-"""The RLVR loop. One step reads like DESIGN.md's step list:
+"""The RL loop. One step reads like DESIGN.md's step list:
 
-    weights -> rollout -> reward -> filter -> logprob -> advantage -> train -> log / checkpoint
+    sync -> rollout (episodes, scores) -> log-probs -> advantages -> train -> log / checkpoint
 
-With a critic estimator (gae) the critic role computes the rollout's values in the logprob phase,
-the advantage phase turns them into advantages and returns, and the critic trains on the returns
-beside the actor.
+Every task is an environment (``tasks.py``): a dataset row is one of a single turn, scored by the
+reward roles; a ``custom_envs`` environment one of many turns; a step may mix both. With a critic
+estimator (gae) the critic computes the rollout's values in the log-prob phase, the advantage
+phase turns them into advantages and returns, and the critic trains beside the actor.
+``async_generation.max_staleness: 0`` is the synchronous case of the one rollout path: above 0
+the next steps play ahead in driver threads while this one trains (``rollout_queue.py``).
 
-Everything that can fail on bad input (model path, data files, domain routing, algorithm names)
-is checked in ``__init__``, before any Ray actor starts; ``start()`` brings the roles up.
+Everything that can fail on bad input (model path, data files, environments, domain routing) is
+checked in ``__init__``, before any Ray actor starts; ``start()`` brings the roles up.
 
-Each phase has its module: ``startup`` (the roles), ``policy_sync`` (weights into the engines,
-parity), ``rollout_phase`` (generate, score, dynamic sampling, the async queue), ``logprobs``,
-``batch_advantages``, ``passes`` (PPO epochs of training), ``save_resume`` (checkpoints),
-``reporting`` (timings, tracker, curves); the losses shipped to the trainers are ``loss_fns``.
+The phases: ``policy_sync`` (weights into the engines, parity), ``rollout_phase`` (play, score,
+dynamic sampling, the async queue), ``logprobs``, ``batch_advantages``, ``passes`` (PPO epochs),
+``save_resume`` (checkpoints), ``reporting`` (timings, tracker, curves); the losses shipped to
+the trainers are ``loss_fns``.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from roll_ds.algorithms.turns import per_turn_advantages
 from roll_ds.checkpoint import BestCheckpoint, CheckpointManager
 from roll_ds.config.estimators import needs_critic
 from roll_ds.config.schema import RLVRConfig
-from roll_ds.data.sampler import PromptSampler
 from roll_ds.distributed.batch import Batch
 from roll_ds.export import export_run_step, hf_step_dir
 from roll_ds.models.shipped import resolve_pretrain
 from roll_ds.pipeline.batch_advantages import batch_advantages, mismatch_metrics
 from roll_ds.pipeline.colocation import GENERATE, TRAIN, Choreography, ColocationPlan
+from roll_ds.pipeline.engines import RolloutEngines
 from roll_ds.pipeline.evaluation import evaluate_policy
-from roll_ds.pipeline.logprobs import (
-    fill_logprobs,
-    old_logprobs_in_train_step,
-    reuse_rollout_logprobs,
-)
+from roll_ds.pipeline.logprobs import OldLogprobs, fill_logprobs
 from roll_ds.pipeline.loss_fns import CRITIC_KEYS, TRAIN_KEYS, PolicyLoss, ValueLoss
 from roll_ds.pipeline.passes import train_passes
 from roll_ds.pipeline.policy_sync import PolicySync
-from roll_ds.pipeline.prompt_rows import encode_prompts, load_prompt_rows
 from roll_ds.pipeline.reporting import (
     add_step_totals,
     dump_rollouts,
@@ -49,7 +47,6 @@ from roll_ds.pipeline.reporting import (
     progress_postfix,
     timed,
 )
-from roll_ds.pipeline.rollout import domain_routes
 from roll_ds.pipeline.rollout_phase import RolloutPhase
 from roll_ds.pipeline.rollout_queue import RolloutQueue
 from roll_ds.pipeline.save_resume import resume_run, save_run_checkpoint
@@ -64,34 +61,35 @@ from roll_ds.pipeline.startup import (
     reward_roles,
     strategy_context,
 )
+from roll_ds.pipeline.tasks import Tasks
 from roll_ds.tracking import ROLLOUTS_FILE
 
 logger = logging.getLogger(__name__)
 
-ASYNC_TIS_CAP = 2.0  # algorithm.tis_cap when it is null under async_generation
-
 
 class RLVRPipeline:
-    """The RLVR loop over the roles' actors. ``cfg`` has passed ``roll_ds.config.validate`` (the
+    """The loop over the roles' actors. ``cfg`` has passed ``roll_ds.config.validate`` (the
     entry points validate before building this), so names, modes and roles are not re-checked."""
 
     def __init__(self, cfg: RLVRConfig) -> None:
+        from transformers import AutoTokenizer
+
         self.cfg = cfg
         self.out_dir = Path(cfg.output_dir) / cfg.exp_name
         algo = cfg.algorithm
-        self.queue = (
-            RolloutQueue(cfg.async_generation.max_staleness)
-            if cfg.async_generation.max_staleness
-            else None
-        )
-        if self.queue is not None and algo.tis_cap is None:  # async: correct for stale rollouts
-            algo = replace(algo, tis_cap=ASYNC_TIS_CAP)
-        self.loss_fn = PolicyLoss.from_config(algo, cfg.response_length)
+        ahead = cfg.async_generation.max_staleness
+        self.queue = RolloutQueue(ahead) if ahead else None
+        self.loss_fn = PolicyLoss.from_config(algo, cfg.response_length, played_ahead=bool(ahead))
         self.use_critic = needs_critic(algo.adv_estimator)
         self.value_loss_fn = (
             ValueLoss.from_config(algo, cfg.response_length) if self.use_critic else None
         )
-        self._load_data()
+        self.old_logprobs = OldLogprobs.from_config(cfg)
+        # Data and environments first: malformed rows and environments are reported before the
+        # model is loaded or any actor starts.
+        self.model_dir = resolve_pretrain(cfg.pretrain)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tasks = Tasks.load(cfg, self.tokenizer)
         self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
         self.best: BestCheckpoint | None = None  # save_best: the first save sets it up
         self.exported: Path | None = None  # the latest Hugging Face export
@@ -99,38 +97,10 @@ class RLVRPipeline:
         # The trainer's weight version: the number of train steps taken (the engines' is
         # policy_sync.rollout_version).
         self.policy_version = 0
-        self._unreported_sync: dict[str, float] = {}
         self.colocation = Choreography(ColocationPlan())  # start() plans it from the placement
+        self.env_pool: Any = None
         self.rollouts: RolloutPhase | None = None  # start() builds the phases over the roles
         self.policy_sync: PolicySync | None = None
-
-    def _load_data(self) -> None:
-        """Train and eval rows, tokenizer, domain routes, sampler. Data first: malformed rows
-        are reported before the model is built or loaded."""
-        from transformers import AutoTokenizer
-
-        cfg = self.cfg
-        train_args, eval_args = cfg.actor_train.data_args, cfg.validation.data_args
-        train_rows = load_prompt_rows(train_args)
-        eval_rows = load_prompt_rows(eval_args)
-        if cfg.validation.max_prompts:
-            eval_rows = eval_rows[: cfg.validation.max_prompts]
-        self.model_dir = resolve_pretrain(cfg.pretrain)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        limit = cfg.prompt_length
-        self.train_rows = encode_prompts(
-            self.tokenizer, train_rows, train_args, "actor_train", limit
-        )
-        self.eval_rows = encode_prompts(self.tokenizer, eval_rows, eval_args, "validation", limit)
-        domains = {r["domain"] for r in self.train_rows + self.eval_rows}
-        self.routes = domain_routes(
-            sorted(domains), {name: r.tag_included for name, r in cfg.rewards.items()}
-        )
-        self.sampler = PromptSampler(
-            self.train_rows,
-            seed=cfg.seed,
-            domain_probs=dict(train_args.domain_interleave_probs),
-        )
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -151,25 +121,43 @@ class RLVRPipeline:
             cfg, self.clusters, device_resource, self.out_dir, eval_only=eval_only
         )
         initialize_roles(self.clusters, self.colocation, [*roles, *reward_roles(cfg)])
+        if cfg.train_env_manager.tags or cfg.val_env_manager.tags:
+            from roll_ds.agentic.env_pool import RayEnvPool
+
+            self.env_pool = RayEnvPool(
+                self.tasks.env_types(), cfg.agentic.step_timeout_s, cfg.agentic.num_env_workers
+            )
+        engines = RolloutEngines(self.clusters["actor_infer"])
+        self.policy_sync = PolicySync(
+            cfg,
+            self.clusters.get("actor_train"),
+            engines,
+            self.colocation,
+            self.tasks.probe_prompts,
+            pad_token_id(self.tokenizer),
+        )
         self.rollouts = RolloutPhase(
             cfg=cfg,
+            engines=engines,
             clusters=self.clusters,
             colocation=self.colocation,
-            sampler=self.sampler,
+            tasks=self.tasks,
             tokenizer=self.tokenizer,
-            routes=self.routes,
-            train_rows=self.train_rows,
+            pool=self.env_pool,
             queue=self.queue,
+            parity=self.policy_sync,
         )
-        pad_id = pad_token_id(self.tokenizer)
-        self.policy_sync = PolicySync(cfg, self.clusters, self.colocation, self.train_rows, pad_id)
-        self.rollouts.parity = self.policy_sync
         if eval_only:  # no trainer to sync from: the engines serve the policy under evaluation
             self.policy_sync.rollout_version = self.policy_version
 
     def shutdown(self) -> None:
         """Stop every role's actors and give their placement groups back, so the same Ray
         session can start another pipeline (benchmarks and tests do)."""
+        if self.rollouts is not None:
+            self.rollouts.close()
+        if self.env_pool is not None:
+            self.env_pool.shutdown()
+            self.env_pool = None
         for cluster in self.clusters.values():
             cluster.shutdown()
         self.clusters = {}
@@ -185,10 +173,6 @@ class RLVRPipeline:
     @property
     def actor_infer(self):
         return self.clusters["actor_infer"]
-
-    @property
-    def critic(self):
-        return self.clusters["critic"]
 
     @property
     def _trained_roles(self) -> list[str]:
@@ -229,38 +213,26 @@ class RLVRPipeline:
         return rows
 
     def train_one_step(self, step: int) -> dict[str, float]:
-        """One step: weights -> rollout -> reward -> logprob -> advantage -> train. Under
-        ``async_generation`` the rollout is the batch generated ahead (``rollout_queue``) while
-        the next ones generate beside the training, and the new weights reach the engines at
-        the end of the step: between generation batches (``mode: batch``), or between two
-        decode steps of the requests in flight (``mode: stream``)."""
+        """One step: sync -> rollout -> log-probs -> advantages -> train."""
         timings: dict[str, float] = {}
         with timed(timings, "sync"):
-            sync_metrics = self.sync_weights(defer_parity=self.defers_parity)
-        sync_metrics = {**self._unreported_sync, **sync_metrics}
-        self._unreported_sync = {}
+            metrics = self.sync_weights(before_rollout=True)
         with timed(timings, "rollout"):
             batch, rollout_stats = self.rollouts.step_batch(
                 step,
                 policy_version=self.policy_version,
                 rollout_version=self.policy_sync.rollout_version,
             )
+            metrics.update(self.policy_sync.pop_metrics())  # a parity check the rollout finished
         with timed(timings, "logprobs"):
             self.colocation.enter(TRAIN, self.policy_version)  # trainers loaded, engines asleep
             rollout_stats.update(self.logprobs(batch, rollout_stats["rollout/staleness"]))
         with timed(timings, "advantage"):
-            metrics = self.compute_advantages(batch)
+            metrics.update(self.compute_advantages(batch))
         with timed(timings, "train"):
             metrics.update(self.train(batch, step))
         self.policy_version = step + 1
-        if self.queue is not None:
-            if not self.policy_sync.streaming:  # a sync would queue behind the batches
-                with timed(timings, "rollout_wait"):
-                    self.queue.wait_for_sync()
-            with timed(timings, "sync_after"):
-                self._unreported_sync = self.sync_weights()
         metrics.update(rollout_stats)
-        metrics.update(sync_metrics)
         colocation_s = self.colocation.pop_seconds() if self.colocation.active else None
         metrics.update(self.colocation.pop_memory())  # the roles' device memory (GPUs)
         add_step_totals(metrics, timings, batch, colocation_s)
@@ -271,42 +243,37 @@ class RLVRPipeline:
 
     # --- phases ----------------------------------------------------------------------------
 
-    @property
-    def defers_parity(self) -> bool:
-        """Whether the step's sync may leave the engines' side of the parity probe to the
-        rollout's generate call: the synchronous loop on vLLM engines (``PolicySync`` keeps it
-        where the roles are colocated)."""
-        return (
-            self.queue is None
-            and isinstance(self.rollouts, RolloutPhase)
-            and self.cfg.actor_infer.strategy_args.strategy_name == "vllm"
-        )
-
-    def sync_weights(self, *, defer_parity: bool = False) -> dict[str, float]:
-        """The trainer's policy into the rollout engines, then the parity probe (``sync/*``
-        metrics; empty when the engines already serve the trainer's version). ``defer_parity``:
-        the probe's metrics come with the rollout (``PolicySync.finish_parity``)."""
-        return self.policy_sync.sync(self.policy_version, defer_parity=defer_parity)
+    def sync_weights(self, *, before_rollout: bool = False) -> dict[str, float]:
+        """The trainer's policy into the rollout engines (``sync/*`` metrics; empty when they
+        serve it already). ``mode: batch`` waits for the steps in flight first, so each step
+        is generated by the weights it started with."""
+        if self.queue is not None and not self.policy_sync.streaming:
+            self.queue.wait_for_sync()
+        return self.policy_sync.sync(self.policy_version, before_rollout=before_rollout)
 
     def logprobs(self, batch: Batch, staleness: float) -> dict[str, float]:
         """Fill ``old_logprobs``, ``ref_logprobs`` (kl_coef > 0) and the critic's ``values``."""
-        reuse = reuse_rollout_logprobs(
-            self.cfg, staleness=staleness, last_parity=self.policy_sync.last_parity
-        )
+        old = self.old_logprobs
         return fill_logprobs(
             batch,
             self.clusters,
-            reuse=reuse,
+            reuse=old.reuse(staleness=staleness, last_parity=self.policy_sync.last_parity),
             use_critic=self.use_critic,
             kl_coef=self.cfg.algorithm.kl_coef,
-            in_train_step=old_logprobs_in_train_step(self.cfg),
+            in_train_step=old.in_train_step,
         )
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
-        """Add ``advantages`` (and the critic's ``returns``) to ``batch``; returns metrics."""
-        columns, metrics = batch_advantages(
-            self.cfg.algorithm, batch.tensors, self.cfg.num_return_sequences_in_group
-        )
+        """Add ``advantages`` (and the critic's ``returns``) to ``batch``; returns metrics.
+        ``agentic.reward_mode: per_turn``: each turn's discounted return instead of the
+        episode's (environment episodes)."""
+        cfg = self.cfg
+        group = cfg.num_return_sequences_in_group
+        columns, metrics = batch_advantages(cfg.algorithm, batch.tensors, group)
+        if cfg.agentic.reward_mode == "per_turn" and "turn_returns" in batch:
+            columns["advantages"] = per_turn_advantages(
+                batch["turn_returns"], batch["scores"], batch["response_mask"], group
+            )
         batch.tensors.update(columns)
         return metrics
 
@@ -341,15 +308,13 @@ class RLVRPipeline:
     # --- evaluation and checkpoints --------------------------------------------------------
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy (and, with ``validation.num_samples``, mean@k / pass@k) of the
-        trainer's current policy on the held-out rows, per domain; see
-        ``roll_ds/pipeline/eval_metrics.py``. The rollout engines are synced first if they lag
-        (the next step then reports that sync's metrics)."""
-        self._unreported_sync.update(self.sync_weights())
+        """The held-out tasks played by the trainer's current policy (``evaluation.py``): the
+        engines are synced first if they lag (that sync's metrics as ``eval/sync/*``)."""
+        synced = self.sync_weights()
         self.colocation.enter(GENERATE, self.policy_version)
-        return evaluate_policy(
-            self.actor_infer, self.rollouts.score, self.tokenizer, self.eval_rows, self.cfg
-        )
+        metrics = evaluate_policy(self.rollouts)
+        metrics.update({f"eval/{k}": v for k, v in synced.items()})
+        return metrics
 
     def save_checkpoint(self, step: int, metrics: dict[str, float] | None = None) -> Path:
         """Save checkpoint ``step``; with ``save_best``, keep it as ``checkpoints/best`` too if
@@ -362,7 +327,7 @@ class RLVRPipeline:
             checkpoints=self.checkpoints,
             clusters=self.clusters,
             roles=self._trained_roles,
-            sampler=self.sampler,
+            sampler=self.tasks.sampler,
             queue=self.queue,
             model_dir=self.model_dir,
         )
@@ -385,7 +350,7 @@ class RLVRPipeline:
             checkpoints=self.checkpoints,
             clusters=self.clusters,
             roles=self._trained_roles,
-            sampler=self.sampler,
+            sampler=self.tasks.sampler,
             queue=self.queue,
             out_dir=self.out_dir,
         )

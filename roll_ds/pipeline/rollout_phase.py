@@ -1,244 +1,208 @@
-"""The rollout phase of one RLVR step: prompts -> generations -> rewards -> a packed batch.
+"""The rollout phase of a step: tasks -> episodes -> scores -> a packed training batch.
 
-``RolloutPhase`` draws the step's prompts, has the rollout engines (``actor_infer``) sample
-``num_return_sequences_in_group`` responses per prompt, sends each domain to its reward role,
-applies DAPO's overlong penalty and, with ``algorithm.dynamic_sampling``, resamples until enough
-groups carry a signal. Under ``async_generation`` the step's samples come from the
-``RolloutQueue`` of batches generated ahead. The pure pieces live in ``rollout.py`` and
-``sequences.py``.
+``RolloutPhase`` plays a step's tasks (``tasks.py``: dataset rows and environment episodes) with
+``roll_ds.agentic.runner.EpisodeRunner`` on the rollout engines (``engines.py``), has the reward
+roles score the rows (``scoring.py``; environments rewarded their episodes as they played),
+applies DAPO's overlong penalty, with ``algorithm.dynamic_sampling`` draws more row groups until
+enough carry a signal, and packs the episodes (``packing.py``). Under ``async_generation`` the
+steps ahead play in driver threads (``rollout_queue.py``); the step waits for its own.
+``evaluate`` plays the held-out tasks through the same runner (``evaluation.py``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from roll_ds.agentic.episode import Episode
+from roll_ds.agentic.runner import EpisodeRunner, Sample, TurnLimits, TurnRequest
 from roll_ds.config.schema import RLVRConfig
-from roll_ds.data.sampler import PromptSampler
-from roll_ds.distributed.batch import Batch, object_array
+from roll_ds.distributed.batch import Batch
 from roll_ds.pipeline.colocation import GENERATE, Choreography
-from roll_ds.pipeline.rollout import (
-    apply_overlong_penalty,
-    fit_dynamic_batch,
-    group_has_signal,
-    join_samples,
-    rollout_metrics,
-)
+from roll_ds.pipeline.engines import RolloutEngines
+from roll_ds.pipeline.packing import pack_episodes, rollout_metrics
 from roll_ds.pipeline.rollout_queue import InFlight, RolloutQueue
+from roll_ds.pipeline.scoring import (
+    apply_overlong_penalty,
+    fit_groups,
+    group_has_signal,
+    score_rows,
+)
 from roll_ds.pipeline.seeds import step_seed
-from roll_ds.pipeline.sequences import pack_samples, pad_token_id
-from roll_ds.pipeline.workers import PROBE_META
-
-
-@dataclass(frozen=True)
-class StreamedBatch:
-    """A batch in the rollout engines' request streams; ``get`` waits for its samples."""
-
-    cluster: Any
-    tag: str
-
-    def get(self, timeout_s: float | None = None) -> Batch:
-        return Batch.concat(self.cluster.submit("collect_stream", self.tag).get(timeout_s))
+from roll_ds.pipeline.sequences import pad_token_id
+from roll_ds.pipeline.tasks import Tasks
 
 
 @dataclass
 class RolloutPhase:
-    """Generates and scores the training batches. ``clusters`` holds ``actor_infer`` and the
-    ``rewards.<role>`` clusters; ``routes`` maps each data domain to its reward role."""
+    """Plays, scores and packs the steps' episodes. ``clusters`` holds the ``rewards.<role>``
+    clusters; ``pool`` the environment workers (None without environments); ``parity`` the
+    sync phase's parity check, whose probe may ride on a step's first generate call."""
 
     cfg: RLVRConfig
+    engines: RolloutEngines
     clusters: Mapping[str, Any]
     colocation: Choreography
-    sampler: PromptSampler
+    tasks: Tasks
     tokenizer: Any
-    routes: Mapping[str, str]
-    train_rows: list[dict]
+    pool: Any = None
     queue: RolloutQueue | None = None
-    # The sync phase (PolicySync): a parity probe it deferred rides on the next generate call.
     parity: Any = None
-    _row_index: dict[int, int] = field(init=False, repr=False)
+    _threads: ThreadPoolExecutor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._row_index = {id(row): i for i, row in enumerate(self.train_rows)}
+        cfg = self.cfg
+        self.stream = cfg.async_generation.mode == "stream" and self.queue is not None
+        self.limits = {tag: TurnLimits.of(spec) for tag, spec in cfg.custom_envs.items()}
+        if self.queue is not None:
+            self._threads = ThreadPoolExecutor(self.queue.depth + 1, "roll_ds-rollouts")
+
+    def runner(self, sampling: Mapping[str, Any], *, max_new_tokens: int, stream: bool = False):
+        """An ``EpisodeRunner`` on the engines with ``sampling`` (temperature, top_p, top_k);
+        rows answer in at most ``max_new_tokens``."""
+        cfg = self.cfg
+
+        def generate(requests: list[TurnRequest]) -> list[list[Sample]]:
+            probe = self.parity.rollout_probe() if self.parity is not None else None
+            samples, probe_logprobs = self.engines.generate(
+                requests, sampling, stream=stream, probe=probe
+            )
+            if probe is not None:
+                self.parity.finish_on_rollout(probe_logprobs)
+            return samples
+
+        return EpisodeRunner(
+            tokenizer=self.tokenizer,
+            pool=self.pool,
+            generate=generate,
+            limits=self.limits,
+            max_context_tokens=cfg.prompt_length + cfg.response_length,
+            error_reward=cfg.agentic.error_reward,
+            row_max_new_tokens=max_new_tokens,
+        )
+
+    # --- a training step ---------------------------------------------------------------------
 
     def step_batch(
         self, step: int, *, policy_version: int, rollout_version: int | None
     ) -> tuple[Batch, dict[str, float]]:
-        """This step's scored batch: generated now, or (async) taken from the queue after
-        submitting the batches ``max_staleness`` steps ahead. Adds ``rollout/staleness``."""
-        if self.queue is None:
-            batch, stats = self.rollout_and_score(step, policy_version)
-            stats["rollout/staleness"] = 0.0
-            return batch, stats
-        self.queue.fill(
-            step,
-            lambda s: self._submit_step(s, policy_version, rollout_version),
-            stop=self.cfg.max_steps,
-        )
+        """This step's scored, packed batch: played now, or (async) taken from the queue after
+        submitting the steps ``max_staleness`` ahead. Adds ``rollout/staleness``."""
+        cfg = self.cfg
+        self.colocation.enter(GENERATE, policy_version)  # engines loaded, trainers offloaded
         started = time.perf_counter()
-        item = self.queue.take(step)
+        if self.queue is None:
+            episodes, timings = self._play(step, self.tasks.draw_rows(self.tasks.row_groups))
+            staleness = (0.0, 0.0)
+        else:
+            self.queue.fill(step, lambda s: self._submit(s, rollout_version), stop=cfg.max_steps)
+            item = self.queue.take(step)
+            episodes, timings = item.output["episodes"], item.output["timings"]
+            staleness = item.staleness(step)
         waited = time.perf_counter() - started
-        prompts = [self.train_rows[i] for i in item.rows]
-        first = join_samples(prompts, item.output, self.tokenizer)
-        batch, stats = self.rollout_and_score(step, policy_version, first=first)
-        stats["time/rollout_generate"] = waited  # the part of generation the step waited for
-        stats["rollout/staleness"], stats["rollout/staleness_mean"] = item.staleness(step)
+        stats: dict[str, float] = {}
+        batch = self._scored_batch(step, episodes, stats)
+        stats["time/rollout_generate"] = timings["generate_s"] if self.queue is None else waited
+        stats["time/rollout_env"] = timings["env_s"]
+        stats["rollout/staleness"] = staleness[0]
+        if self.tasks.row_groups and self.queue is not None:
+            stats["rollout/staleness_mean"] = staleness[1]
         return batch, stats
 
-    def rollout_and_score(
-        self, step: int, policy_version: int, first: Batch | None = None
-    ) -> tuple[Batch, dict[str, float]]:
-        """Generate (``first``: the samples already generated for round 0), score, shape and,
-        with dynamic sampling, resample; returns the packed batch and ``rollout/*`` metrics."""
-        cfg, algo = self.cfg, self.cfg.algorithm
-        group = cfg.num_return_sequences_in_group
-        kept: list[Batch] = []  # groups that train
-        spare: list[Batch] = []  # dynamic sampling: groups without signal, padding if short
-        kept_groups, drawn, rounds = 0, 0, 0
-        stats: dict[str, float] = {"time/rollout_generate": 0.0, "time/rollout_reward": 0.0}
-        while True:
-            samples, drawn_now = self._scored_round(step, rounds, policy_version, first, stats)
-            drawn += drawn_now
-            if not algo.dynamic_sampling:
-                kept.append(samples)
-                break
-            signal_B = group_has_signal(samples["scores"], group).repeat_interleave(group)
-            kept.append(samples.index(signal_B.nonzero().flatten()))
-            spare.append(samples.index((~signal_B).nonzero().flatten()))
-            kept_groups += int(signal_B.sum()) // group
-            rounds += 1
-            if kept_groups >= cfg.rollout_batch_size or rounds >= algo.max_resample_rounds:
-                break
-        return self._packed(kept, spare, kept_groups / max(drawn, 1), stats)
-
-    def _scored_round(
-        self,
-        step: int,
-        round_: int,
-        policy_version: int,
-        first: Batch | None,
-        stats: dict[str, float],
-    ) -> tuple[Batch, int]:
-        """One generation round's scored samples and the number of prompts it drew; adds its
-        times to ``stats`` and, for round 0, the ``rollout/*`` metrics."""
+    def _play(self, step: int, row_ids: list[int], round_: int = 0) -> tuple[list[Episode], dict]:
+        """Step ``step``'s episodes (the groups of ``row_ids``, then its environment groups in
+        round 0), played to the end."""
         cfg = self.cfg
-        started = time.perf_counter()
-        if first is not None and round_ == 0:
-            samples = first
-            drawn = len(samples) // cfg.num_return_sequences_in_group
-        else:
-            prompts = self.sampler.next_batch(cfg.rollout_batch_size)
-            seed = step_seed(cfg.seed, step, round_)
-            samples = self.generate(prompts, seed=seed, policy_version=policy_version, stats=stats)
-            drawn = len(prompts)
-        generated = time.perf_counter()
-        self.score(samples)
-        penalty = apply_overlong_penalty(samples, cfg.algorithm, cfg.response_length)
-        stats["time/rollout_generate"] += generated - started
-        stats["time/rollout_reward"] += time.perf_counter() - generated
-        if round_ == 0:
-            stats.update(rollout_metrics(samples))
-            if penalty is not None:
-                stats["rollout/overlong_penalty"] = float(penalty.mean())
-        return samples, drawn
+        gen = cfg.actor_infer.generating_args
+        specs = self.tasks.step_specs(step, row_ids, ahead=self.queue is not None)
+        if round_:
+            specs = [s for s in specs if s.row >= 0]
+        runner = self.runner(
+            {"temperature": gen.temperature, "top_p": gen.top_p, "top_k": gen.top_k},
+            max_new_tokens=gen.max_new_tokens or cfg.response_length,
+            stream=self.stream,
+        )
+        return runner.run(
+            specs,
+            seed=step_seed(cfg.seed, step, 1),
+            row_seed=step_seed(cfg.seed, step, round_),
+        )
 
-    def _packed(
-        self, kept: list[Batch], spare: list[Batch], kept_fraction: float, stats: dict[str, float]
-    ) -> tuple[Batch, dict[str, float]]:
-        """The training batch of the kept groups (dynamic sampling: exactly
-        ``rollout_batch_size`` groups, padded with groups whose loss is masked)."""
+    def _submit(self, step: int, rollout_version: int | None) -> InFlight:
+        """Draw step ``step``'s rows here (the sampler's order is the synchronous loop's) and
+        play its episodes in a thread with the weights the engines have now
+        (``rollout_version``)."""
+        assert rollout_version is not None, "the engines must be synced before generating"
+        row_ids = self.tasks.draw_rows(self.tasks.row_groups)
+        future = self._threads.submit(self._play, step, row_ids)
+        return InFlight(step=step, version=rollout_version, future=future)
+
+    def _scored_batch(self, step: int, episodes: list[Episode], stats: dict[str, float]) -> Batch:
+        """Score the rows, penalise overlong ones, resample row groups without signal
+        (dynamic sampling), pack; ``stats`` gets the ``rollout/*`` metrics of the first
+        round."""
         cfg, algo = self.cfg, self.cfg.algorithm
         group = cfg.num_return_sequences_in_group
-        padding = 0
-        if algo.dynamic_sampling:
-            stats["rollout/kept_group_fraction"] = kept_fraction
-            batch, padding = fit_dynamic_batch(kept, spare, group, cfg.rollout_batch_size)
-            stats["rollout/padding_groups"] = padding / group
-        else:
-            batch = kept[0]
-        pad_id = pad_token_id(self.tokenizer)
-        packed = pack_samples(batch, pad_id, mask_truncated=algo.mask_truncated)
-        if padding:  # padding groups carry no signal: they stay out of the loss
-            packed.tensors["loss_mask"][len(packed) - padding :] = 0.0
-        return packed, stats
+        started = time.perf_counter()
+        penalty = self._score(episodes)
+        stats["time/rollout_reward"] = time.perf_counter() - started
+        stats.update(rollout_metrics(episodes, penalty))
+        if not algo.dynamic_sampling:
+            return self._pack(episodes, padding=0)
+        kept: list[list[Episode]] = []
+        spare: list[list[Episode]] = []
+        drawn, round_ = 0, 0
+        while True:
+            groups = [episodes[g * group : (g + 1) * group] for g in range(len(episodes) // group)]
+            signal = group_has_signal(_scores(episodes), group).tolist()
+            kept += [g for g, s in zip(groups, signal, strict=True) if s]
+            spare += [g for g, s in zip(groups, signal, strict=True) if not s]
+            drawn += len(groups)
+            round_ += 1
+            if len(kept) >= cfg.rollout_batch_size or round_ >= algo.max_resample_rounds:
+                break
+            started = time.perf_counter()
+            episodes, _ = self._play(step, self.tasks.draw_rows(self.tasks.row_groups), round_)
+            stats["time/rollout_generate"] = stats.get("time/rollout_generate", 0.0) + (
+                time.perf_counter() - started
+            )
+            self._score(episodes)
+        flat, padding = fit_groups(kept, spare, cfg.rollout_batch_size)
+        stats["rollout/kept_group_fraction"] = len(kept) / max(drawn, 1)
+        stats["rollout/padding_groups"] = float(padding)
+        return self._pack(flat, padding=padding * group)
 
-    def generate(
-        self,
-        prompts: list[dict],
-        *,
-        seed: int,
-        policy_version: int,
-        stats: dict[str, float] | None = None,
-    ) -> Batch:
-        """``n`` samples per prompt. A parity probe the sync deferred is scored by the engines
-        in the same call and checked here (its ``sync/parity_*`` metrics go to ``stats``)."""
-        pending = self.parity.pending if self.parity is not None else None
-        probe = None if pending is None else pending.probe
-        out = self._submit_generation(prompts, seed, policy_version, probe=probe).get()
-        if pending is not None:
-            ranks = sorted(int(k.split("/")[1]) for k in out.meta if k.startswith(PROBE_META))
-            checked = self.parity.finish_parity([out.meta[f"{PROBE_META}{r}"] for r in ranks])
-            if stats is not None:
-                stats.update(checked)
-        return join_samples(prompts, out, self.tokenizer)
-
-    def _submit_step(self, step: int, policy_version: int, rollout_version: int | None) -> InFlight:
-        """Draw step ``step``'s prompts and start generating them with the engines' weights."""
-        prompts = self.sampler.next_batch(self.cfg.rollout_batch_size)
-        seed = step_seed(self.cfg.seed, step, 0)
-        assert rollout_version is not None, "the engines must be synced before generating"
-        return InFlight(
-            step=step,
-            version=rollout_version,
-            rows=[self._row_index[id(p)] for p in prompts],
-            seed=seed,
-            call=self._submit_generation(prompts, seed, policy_version, tag=f"step-{step}"),
+    def _pack(self, episodes: list[Episode], *, padding: int) -> Batch:
+        cfg = self.cfg
+        return pack_episodes(
+            episodes,
+            self.tasks.train_rows,
+            pad_token_id(self.tokenizer),
+            gamma=cfg.agentic.turn_gamma,
+            mask_truncated=cfg.algorithm.mask_truncated,
+            padding=padding,
         )
 
-    def _submit_generation(
-        self,
-        prompts: list[dict],
-        seed: int,
-        policy_version: int,
-        tag: str | None = None,
-        probe: dict | None = None,
-    ) -> Any:
-        """Start ``n`` samples per prompt on the rollout engines; a pending call (``.get()``
-        waits for the samples). A ``tag``ged batch under ``async_generation.mode=stream``
-        joins the engines' request streams instead of queueing behind the batches there.
-        ``probe``: every engine also scores these parity-probe rows (``RolloutWorker.generate``)."""
-        self.colocation.enter(GENERATE, policy_version)
-        prompt_batch = Batch(
-            non_tensors={
-                "prompt_ids": [p["prompt_ids"] for p in prompts],
-                "row": range(len(prompts)),
-            }
+    def _score(self, episodes: list[Episode]) -> Any:
+        """The reward roles' scores of the row episodes, with the overlong penalty; returns the
+        penalty (None: off or no rows)."""
+        rows = [e for e in episodes if e.is_row]
+        if not rows:
+            return None
+        scores = score_rows(
+            rows, self.tasks.train_rows, self.clusters, self.tasks.routes, self.tokenizer
         )
-        infer = self.clusters["actor_infer"]
-        if tag is None or self.cfg.async_generation.mode != "stream":
-            return infer.submit("generate", prompt_batch, seed=seed, probe=probe)
-        infer.call("submit_stream", prompt_batch, tag=tag, seed=seed)
-        return StreamedBatch(infer, tag)
+        return apply_overlong_penalty(rows, scores, self.cfg.algorithm, self.cfg.response_length)
 
-    def score(self, samples: Batch) -> None:
-        """Fill ``scores`` and ``reward_info`` by sending each domain to its reward role."""
-        scores = torch.zeros(len(samples))
-        infos: list[dict] = [{} for _ in range(len(samples))]
-        domains = list(samples["domain"])
-        calls = []
-        for role in sorted(set(self.routes[d] for d in domains)):
-            rows = [i for i, d in enumerate(domains) if self.routes[d] == role]
-            cluster = self.clusters[f"rewards.{role}"]
-            part = samples.index(rows).select("prompt", "ground_truth", "response_text")
-            calls.append((rows, cluster.submit("score", part)))
-        for rows, call in calls:
-            out = call.get()
-            scores[rows] = out["scores"]
-            for i, info in zip(rows, out["reward_info"], strict=True):
-                infos[i] = info
-        samples.tensors["scores"] = scores
-        samples.non_tensors["reward_info"] = object_array(infos)
+    def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+def _scores(episodes: list[Episode]) -> Any:
+    import torch
+
+    return torch.tensor([e.total_reward for e in episodes], dtype=torch.float32)

@@ -1,7 +1,7 @@
 """Checkpoints of a run and resuming from one.
 
 A checkpoint holds each trained role's engine state (``<role>/``, DeepSpeed tag ``engine``),
-the batches generated ahead (``async_generation``), what ``python -m roll_ds.export`` needs
+the episodes played ahead (``async_generation``), what ``python -m roll_ds.export`` needs
 besides the engine state, and the driver's state: step, prompt sampler, RNG. The directory
 layout, rotation and ``best`` are ``roll_ds.checkpoint``'s.
 """
@@ -30,7 +30,7 @@ def save_run_checkpoint(
     checkpoints: CheckpointManager,
     clusters: Mapping[str, Any],
     roles: Sequence[str],
-    sampler: PromptSampler,
+    sampler: PromptSampler | None,
     queue: RolloutQueue | None,
     model_dir: str,
 ) -> Path:
@@ -45,7 +45,7 @@ def save_run_checkpoint(
     ExportInfo.from_config(cfg, model_dir).save(partial)
     state = {
         "step": step,
-        "sampler": sampler.state_dict(),
+        "sampler": sampler.state_dict() if sampler is not None else {},
         "rng": capture_rng_state(),
         "exp_name": cfg.exp_name,
     }
@@ -58,7 +58,7 @@ def resume_run(
     checkpoints: CheckpointManager,
     clusters: Mapping[str, Any],
     roles: Sequence[str],
-    sampler: PromptSampler,
+    sampler: PromptSampler | None,
     queue: RolloutQueue | None,
     out_dir: Path,
 ) -> int:
@@ -75,7 +75,8 @@ def resume_run(
     loads = [clusters[n].submit("load_checkpoint", str(path / n), "engine") for n in roles]
     for call in loads:
         call.get()
-    sampler.load_state_dict(state["sampler"])
+    if sampler is not None:  # environments draw their seeds from (seed, step): no state
+        sampler.load_state_dict(state["sampler"])
     if queue is not None:
         queue.load(path)
     restore_rng_state(state["rng"])

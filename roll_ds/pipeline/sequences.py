@@ -12,8 +12,6 @@ from typing import Any
 
 import torch
 
-from roll_ds.distributed.batch import Batch
-
 
 def pack_sequences(
     prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int
@@ -50,26 +48,6 @@ def scatter_response_values(
         if row:
             out[i, n_prompt - 1 : n_prompt - 1 + len(row)] = torch.tensor(row, dtype=torch.float32)
     return out
-
-
-def pack_samples(samples: Batch, pad_id: int, *, mask_truncated: bool) -> Batch:
-    """The trainer's batch of scored samples: packed tokens, masks, the rollout's log-probs,
-    ``scores`` and the ``domain`` / ``id`` / ``response_text`` columns. ``loss_mask`` is the
-    actor's: the response mask less truncated rows under ``mask_truncated``; rewards,
-    advantages, KL-in-reward and the critic keep the response mask."""
-    tensors = pack_sequences(list(samples["prompt_ids"]), list(samples["response_ids"]), pad_id)
-    width = tensors["input_ids"].shape[1]
-    prompt_lengths = [len(p) for p in samples["prompt_ids"]]
-    tensors["rollout_logprobs"] = scatter_response_values(
-        list(samples["rollout_logprobs"]), prompt_lengths, width
-    )
-    tensors["loss_mask"] = tensors["response_mask"].clone()
-    if mask_truncated:
-        truncated = torch.tensor([f == "length" for f in samples["finish_reason"]])
-        tensors["loss_mask"][truncated] = 0.0
-    tensors["scores"] = samples["scores"]
-    non_tensors = {k: samples[k] for k in ("domain", "id", "response_text")}
-    return Batch(tensors, non_tensors)
 
 
 def pad_token_id(tokenizer: Any) -> int:

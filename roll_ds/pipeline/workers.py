@@ -17,6 +17,15 @@ from roll_ds.weight_sync.worker import ReceiverWorkerMixin, SenderWorkerMixin
 
 TRAIN_METRICS = "train_metrics/"  # meta key prefix of a rank's train metrics
 PROBE_META = "probe_logprobs/"  # meta key prefix of a rollout rank's parity-probe log-probs
+STREAM_WAIT = "stream_wait"  # the rollout workers' concurrency group for waiting on streams
+
+
+def stream_wait(method):
+    """Run a worker method in the ``stream_wait`` concurrency group (Ray threads it beside the
+    default group, whose calls stay one at a time)."""
+    import ray
+
+    return ray.method(concurrency_group=STREAM_WAIT)(method)
 
 
 class StrategyWorker(Worker):
@@ -145,33 +154,43 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
     """A rank of a rollout role; its weight-sync methods (the receiving side) come from
     ``ReceiverWorkerMixin``."""
 
+    # collect_stream waits here, beside the default group where the weight syncs run
+    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {STREAM_WAIT: 16}
+
     def __init__(self, role_cfg: WorkerConfig, ctx: StrategyContext) -> None:
         super().__init__(role_cfg, ctx)
-        self._stream_rows: dict[str, int] = {}  # streamed batch tag -> its first prompt's row
+        self._stream_rows: dict[str, list[int]] = {}  # streamed batch tag -> its rows
 
     @register(Dispatch.DP)
     def generate(
-        self, batch: Batch, *, seed: int, probe: dict | None = None, **sampling: Any
+        self,
+        batch: Batch,
+        *,
+        seed: int,
+        n: int | None = None,
+        probe: dict | None = None,
+        **sampling: Any,
     ) -> Batch:
-        """``n`` samples per prompt (``prompt_ids`` column); rows come back grouped by prompt.
+        """``n`` samples per context (``prompt_ids``, at most ``max_new_tokens`` new tokens
+        each where the column is given); rows come back grouped by context, ``row`` saying
+        whose. Each context's request is seeded by its ``row`` (a dataset row's position in the
+        draw, an episode's id), so what it samples does not depend on the split over workers.
         ``probe`` (``input_ids`` / ``attention_mask``, the whole probe on every rank): its
         log-probs for the weight-sync parity check, scored in the same engine steps, come back
         as meta ``probe_logprobs/<rank>``."""
-        prompts = list(batch["prompt_ids"])
-        # Each prompt is seeded by its index in the whole batch, so what it samples does not
-        # depend on how the prompts were split over the rollout workers.
-        first_row = int(batch["row"][0])
-        extra = {} if probe is None else {"probe": probe}
+        rows = [int(r) for r in batch["row"]]
+        extra: dict[str, Any] = {} if probe is None else {"probe": probe}
+        if "max_new_tokens" in batch.non_tensors:
+            extra["max_new_tokens_each"] = [int(m) for m in batch["max_new_tokens"]]
         out = self.strategy.generate(
-            prompts, seed=seed, first_prompt_index=first_row, **extra, **sampling
+            list(batch["prompt_ids"]), n=n, seed=seed, prompt_indices=rows, **extra, **sampling
         )
-        rows = [first_row + i for i in out["prompt_index"]]
         meta = {}
         if probe is not None:
             meta[f"{PROBE_META}{self.rank}"] = out["probe_logprobs_BT"].float().cpu()
         return Batch(
             non_tensors={
-                "row": rows,
+                "row": [rows[i] for i in out["prompt_index"]],
                 "response_ids": out["response_ids"],
                 "rollout_logprobs": out["logprobs"],
                 "finish_reason": out["finish_reason"],
@@ -182,24 +201,32 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
     # --- streaming generation (async_generation.mode: stream) ---------------------------------
 
     @register(Dispatch.DP)
-    def submit_stream(self, batch: Batch, *, tag: str, seed: int, **sampling: Any) -> None:
+    def submit_stream(
+        self, batch: Batch, *, tag: str, seed: int, n: int | None = None, **sampling: Any
+    ) -> None:
         """Start generating this rank's share of ``batch`` as ``generate`` would, without
         waiting: the requests join the engine's stream (``collect_stream(tag)`` takes them)."""
-        first_row = int(batch["row"][0])
-        self._stream_rows[tag] = first_row
+        rows = [int(r) for r in batch["row"]]
+        self._stream_rows[tag] = rows
+        extra: dict[str, Any] = {}
+        if "max_new_tokens" in batch.non_tensors:
+            extra["max_new_tokens_each"] = [int(m) for m in batch["max_new_tokens"]]
         self.strategy.submit(
-            tag, list(batch["prompt_ids"]), seed=seed, first_prompt_index=first_row, **sampling
+            tag, list(batch["prompt_ids"]), n=n, seed=seed, prompt_indices=rows, **extra, **sampling
         )
 
     @register(Dispatch.ALL)
+    @stream_wait
     def collect_stream(self, tag: str, timeout_s: float | None = None) -> Batch:
         """This rank's share of batch ``tag`` (``generate``'s columns plus
-        ``token_versions``), once finished; the ranks' shares concatenate in prompt order."""
+        ``token_versions``), once finished; the ranks' shares concatenate in prompt order. Runs
+        in the ``stream_wait`` concurrency group: a weight sync's pause, reload and resume
+        (the default group) go on while it waits, and it waits through them."""
         out = self.strategy.collect(tag, timeout_s)
-        first_row = self._stream_rows.pop(tag)
+        rows = self._stream_rows.pop(tag)
         return Batch(
             non_tensors={
-                "row": [first_row + i for i in out["prompt_index"]],
+                "row": [rows[i] for i in out["prompt_index"]],
                 "response_ids": out["response_ids"],
                 "rollout_logprobs": out["logprobs"],
                 "finish_reason": out["finish_reason"],
@@ -216,28 +243,6 @@ class RolloutWorker(ReceiverWorkerMixin, StrategyWorker):
     def resume_generation(self, version: int) -> None:
         """After a sync: generate on, labelling new tokens with policy ``version``."""
         self.strategy.resume_generation(version)
-
-    @register(Dispatch.DP)
-    def generate_turns(self, batch: Batch, *, seed: int, **sampling: Any) -> Batch:
-        """One sample per context (``prompt_ids``), at most ``max_new_tokens`` tokens each:
-        the next turn of agentic episodes. Each context is seeded by its ``row`` (the
-        episode's id), so what it samples does not depend on the split over workers."""
-        out = self.strategy.generate(
-            list(batch["prompt_ids"]),
-            n=1,
-            seed=seed,
-            prompt_indices=[int(r) for r in batch["row"]],
-            max_new_tokens_each=[int(m) for m in batch["max_new_tokens"]],
-            **sampling,
-        )
-        return Batch(
-            non_tensors={
-                "row": list(batch["row"]),
-                "response_ids": out["response_ids"],
-                "rollout_logprobs": out["logprobs"],
-                "finish_reason": out["finish_reason"],
-            }
-        )
 
     @register(Dispatch.ALL)
     def probe_logprobs(self, batch: Batch) -> Any:

@@ -160,10 +160,12 @@ class GenerationMixin:
 
     def collect(self, tag: str, timeout_s: float | None = None) -> dict[str, list[Any]]:
         """Batch ``tag``'s samples as ``generate`` returns them, plus ``token_versions``: the
-        policy version that sampled each response token (``resume_generation``'s labels)."""
+        policy version that sampled each response token (``resume_generation``'s labels).
+        Waits across a pause: the caller is a thread of its own (the rollout worker's
+        ``stream_wait`` group), and the sync's resume comes on another."""
         if self._stream is None:
             raise RuntimeError(f"collect({tag!r}): nothing was submitted to the request stream")
-        outputs = self._stream.wait(tag, timeout_s)
+        outputs = self._stream.wait(tag, timeout_s, through_pause=True)
         return parse_request_outputs(outputs, self._stream_n.pop(tag), with_versions=True)
 
     def pause_generation(self) -> None:

@@ -154,12 +154,17 @@ class RequestStream:
             self._raise_if_failed()
             return self._batch(tag).done
 
-    def wait(self, tag: str, timeout_s: float | None = None) -> list[Any]:
+    def wait(
+        self, tag: str, timeout_s: float | None = None, *, through_pause: bool = False
+    ) -> list[Any]:
         """Batch ``tag``'s ``RequestOutput``s in prompt order, once all are finished; the batch
-        is forgotten. Raises ``TimeoutError`` after ``timeout_s`` (None: no limit)."""
+        is forgotten. Raises ``TimeoutError`` after ``timeout_s`` (None: no limit).
+        ``through_pause``: a caller that does not hold up the resume (another thread than the
+        sync's) waits across a pause; any other wait on a paused stream would never end and
+        raises instead."""
         with self._cond:
             batch = self._batch(tag)
-            if self._paused and not batch.done:
+            if self._paused and not batch.done and not through_pause:
                 raise RuntimeError(
                     f"generation batch {tag!r} cannot finish while generation is paused; "
                     "resume_generation first"

@@ -156,7 +156,7 @@ def test_a_sync_that_moved_nothing_is_caught_by_the_probe_riding_on_the_rollout(
     pipeline = RLVRPipeline(cfg)
     pipeline.start()
     try:
-        assert pipeline.defers_parity
+        assert pipeline.policy_sync.mode == "on_rollout"
         first = pipeline.train_one_step(0)
         assert first["sync/parity_max_abs_diff"] < 1e-4  # from the rollout's generate call
         pipeline.policy_sync.transport.sync = lambda train, infer: {}  # moves nothing

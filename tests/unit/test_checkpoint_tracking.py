@@ -355,13 +355,13 @@ def test_resume_drops_rollout_rows_past_the_checkpoint(tmp_path):
     pipeline.out_dir, pipeline.checkpoints, pipeline.use_critic = out, mgr, False
     pipeline.queue = None  # the synchronous loop
     pipeline.clusters = {"actor_train": FakeCluster()}
-    pipeline.sampler = FakeSampler()
+    pipeline.tasks = SimpleNamespace(sampler=FakeSampler())
     assert pipeline._maybe_resume() == 2
     assert [r["step"] for r in read_metrics(out / "rollouts.jsonl")] == [1, 2]
     assert pipeline.clusters["actor_train"].calls == [
         ("load_checkpoint", str(out / "checkpoints" / "step_000002" / "actor_train"), "engine")
     ]
-    assert pipeline.sampler.state == {"pos": 8}
+    assert pipeline.tasks.sampler.state == {"pos": 8}
 
 
 # --- save_best ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from roll_ds.config.agentic import is_agentic
+from roll_ds.config.agentic import has_environments, row_groups
 from roll_ds.config.checks.components import component_problems
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
 from roll_ds.config.role_placement import RolePlacement, role_configs
@@ -18,7 +18,7 @@ def pipeline_problems(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> 
     group = cfg.num_return_sequences_in_group
     infer_n = cfg.actor_infer.generating_args.num_return_sequences
     problems = []
-    if infer_n != group and not is_agentic(cfg):  # agentic turns are one sample each
+    if infer_n != group and row_groups(cfg) > 0:  # environment turns are one sample each
         problems.append(
             f"actor_infer.generating_args.num_return_sequences: {infer_n} != "
             f"num_return_sequences_in_group {group}; set it to ${{num_return_sequences_in_group}}"
@@ -33,7 +33,7 @@ def pipeline_problems(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> 
             "`reference:` or use LoRA (the adapter-disabled actor is the reference)"
         )
     problems += component_problems("weight_sync", cfg)
-    if not cfg.rewards and not is_agentic(cfg):  # environments reward episodes
+    if not cfg.rewards and row_groups(cfg) > 0:  # environments reward their episodes
         problems.append("rewards: no reward role; add e.g. rewards.math with reward_fns")
     problems += domain_problems(cfg)
     return problems
@@ -86,7 +86,8 @@ def domain_problems(cfg: RLVRConfig) -> list[str]:
             f"{field}: domains {unscored} are scored by no reward role; add them to a "
             "rewards.<name>.tag_included"
         )
-    if cfg.eval_steps > 0 and not cfg.validation.data_args.file_name and not is_agentic(cfg):
+    held_out = cfg.validation.data_args.file_name or cfg.val_env_manager.tags
+    if cfg.eval_steps > 0 and not held_out and not has_environments(cfg):
         problems.append(
             f"validation.data_args.file_name: eval_steps={cfg.eval_steps} evaluates on held-out "
             "data but no file is listed; list jsonl files or set eval_steps=0"

@@ -68,11 +68,18 @@ def test_group_layout_and_unsupported_modes():
         "actor_infer.strategy_args.strategy_name=hf_infer",
     )
     text = "\n".join(found)
-    assert "train_env_manager.num_env_groups: 16 but rollout_batch_size is 4" in text
+    assert "train_env_manager.num_env_groups: 16 of rollout_batch_size 4 groups per step" in text
     assert "train_env_manager.num_groups_partition: [3, 3] must have one entry per tag" in text
     assert "agentic.reward_mode: 'per_step'; valid: trajectory, per_turn" in text
     assert not any("max_staleness" in p for p in found)  # episodes are played ahead (async)
-    assert "actor_infer.strategy_args.strategy_name: agentic episodes are generated" in text
+    assert "actor_infer.strategy_args.strategy_name: 'hf_infer' cannot seed and limit" in text
+
+
+def test_fewer_environment_groups_than_the_batch_are_dataset_rows():
+    """A mixed step: the groups beyond train_env_manager's are rows of actor_train's data."""
+    found = problems("rollout_batch_size=20")
+    (p,) = [p for p in found if p.startswith("rollout_batch_size: 20 groups per step")]
+    assert "the other 4 are dataset rows, but actor_train.data_args.file_name lists" in p
 
 
 def test_per_turn_needs_grpo():

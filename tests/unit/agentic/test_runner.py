@@ -14,7 +14,13 @@ from roll_ds.agentic.env import Env, StepResult
 from roll_ds.agentic.env_pool import EnvTypeSpec, LocalEnvPool
 from roll_ds.agentic.episode import CONTEXT_LIMIT, DONE, ENV_ERROR, ENV_TIMEOUT, MAX_TURNS
 from roll_ds.agentic.registry import ENVS
-from roll_ds.agentic.runner import EpisodeRunner, EpisodeSpec, TurnLimits, episode_metrics
+from roll_ds.agentic.runner import (
+    EpisodeRunner,
+    EpisodeSpec,
+    TurnLimits,
+    episode_metrics,
+    one_sample_each,
+)
 from roll_ds.models.shipped import EMBEDDED_MODEL, resolve_embedded
 
 TEMPLATE = (
@@ -71,7 +77,7 @@ def runner(
     return EpisodeRunner(
         tokenizer=tokenizer,
         pool=pool,
-        generate=generate,
+        generate=one_sample_each(generate),
         limits=limits,
         max_context_tokens=budget,
         error_reward=-1.0,
@@ -287,3 +293,78 @@ def test_calculator_episode_counts_tool_calls_and_errors(tokenizer):
     # the error texts came back as tool messages the model sees
     assert "bad arguments" in ep.turns[0]["observation"]
     assert "not valid JSON" in ep.turns[1]["observation"]
+
+
+# --- dataset rows: episodes of one turn ------------------------------------------------------
+
+
+def test_a_row_group_is_one_request_of_n_samples_and_its_episodes_end_after_one_turn(tokenizer):
+    from roll_ds.agentic.runner import Sample
+
+    calls = []
+
+    def generate(requests):
+        calls.append(list(requests))
+        return [
+            [Sample([7, j, 2], [-0.1, -0.2, -0.3], "stop") for j in range(r.n)] for r in requests
+        ]
+
+    play = EpisodeRunner(
+        tokenizer=tokenizer,
+        pool=None,  # rows need no environment workers
+        generate=generate,
+        limits={},
+        max_context_tokens=64,
+        row_max_new_tokens=5,
+    )
+    specs = [
+        EpisodeSpec(-1 - i, g, "math", prompt_ids=[1, 2, 3 + g], row=10 + g, index=g)
+        for g in range(2)
+        for i in range(3)
+    ]
+    episodes, timings = play.run(specs, seed=123, row_seed=77)
+    [turn] = calls  # one turn, one request per group of 3
+    assert [(r.context, r.n, r.index, r.seed, r.max_new_tokens) for r in turn] == [
+        ([1, 2, 3], 3, 0, 77, 5),
+        ([1, 2, 4], 3, 1, 77, 5),
+    ]
+    assert [e.token_ids for e in episodes[:3]] == [[7, 0, 2], [7, 1, 2], [7, 2, 2]]
+    assert all(e.status == DONE and e.num_turns == 1 and e.row >= 10 for e in episodes)
+    assert episodes[0].finish_reason == "stop" and episodes[0].policy_mask == [1, 1, 1]
+    assert timings["turns"] == 1
+
+
+def test_a_mixed_batch_plays_rows_and_environment_episodes_in_one_run(tokenizer):
+    """Rows end after the first turn; the environment episodes go on, alone, in later turns
+    (the requests of one turn differ in n and seed: the engines' handle makes a call of each)."""
+    from roll_ds.agentic.runner import Sample
+
+    calls = []
+
+    def generate(requests):
+        calls.append(list(requests))
+        out = []
+        for r in requests:
+            text = "0" if r.n == 1 else "12"
+            ids = [*tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+            out.append([Sample(ids, [-0.5] * len(ids), "stop") for _ in range(r.n)])
+        return out
+
+    pool = LocalEnvPool(GUESS, 5.0)
+    play = EpisodeRunner(
+        tokenizer=tokenizer,
+        pool=pool,
+        generate=generate,
+        limits={"guess": TurnLimits(3, 8)},
+        max_context_tokens=200,
+        row_max_new_tokens=4,
+    )
+    rows = [EpisodeSpec(-1 - i, 0, "math", prompt_ids=[1, 2], row=0, index=0) for i in range(2)]
+    envs = [EpisodeSpec(i, 1, "guess", 5) for i in range(2)]
+    episodes, _ = play.run(rows + envs, seed=9, row_seed=4)
+    assert [len(c) for c in calls] == [3, 2, 2]  # the row group's request only in turn 0
+    assert (calls[0][0].n, calls[0][0].seed) == (2, 4)
+    assert [r.n for r in calls[0][1:]] == [1, 1] and calls[1][0].seed != calls[0][1].seed
+    row, _, env, _ = episodes
+    assert row.num_turns == 1 and row.status == DONE
+    assert env.status == MAX_TURNS and env.num_turns == 3

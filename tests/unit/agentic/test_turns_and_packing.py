@@ -8,7 +8,8 @@ import torch
 from roll_ds.agentic.episode import DONE, Episode
 from roll_ds.algorithms.turns import discounted_turn_returns, per_turn_advantages
 from roll_ds.config.agentic import EnvManagerConfig
-from roll_ds.pipeline.episode_phase import episode_specs, group_tags, pack_episodes, train_seeds
+from roll_ds.pipeline.packing import pack_episodes
+from roll_ds.pipeline.tasks import env_specs, group_tags, train_seeds
 
 
 def test_discounted_turn_returns_by_hand():
@@ -45,7 +46,7 @@ def _episode(eid, prompt, turns):
 def test_pack_episodes_masks_policy_tokens_only():
     a = _episode(0, [1, 2], [([3, 4], [5, 6, 7], 0.0), ([8], [], 1.0)])
     b = _episode(1, [1, 2, 9], [([3], [], 0.0)])
-    batch = pack_episodes([a, b], pad_id=0, gamma=0.5)
+    batch = pack_episodes([a, b], [], pad_id=0, gamma=0.5)
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 9, 3, 0, 0, 0, 0]]
     # shifted layout: column j scores token j+1
     assert batch["response_mask"].tolist() == [
@@ -69,7 +70,7 @@ def test_groups_split_over_tags_and_seeds_stay_below_the_held_out_range():
     seeds = train_seeds(42, 3, 5, 1000)
     assert seeds == train_seeds(42, 3, 5, 1000) and seeds != train_seeds(42, 4, 5, 1000)
     assert all(0 <= s < 1000 for s in seeds)
-    specs = episode_specs(manager, seed_of_group=seeds)
+    specs = env_specs(manager, seed_of_group=seeds)
     assert [s.group for s in specs] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert specs[2].env_seed == specs[3].env_seed == seeds[1]
     assert [s.episode_id for s in specs] == list(range(10))

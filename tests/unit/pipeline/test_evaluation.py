@@ -149,21 +149,35 @@ def test_length_metrics_hand_computed():
 # --- the evaluation loop, fake rollout engine and reward ---------------------------------------
 
 ROWS = [
-    {"prompt_ids": [1, 2], "prompt": "1+1=", "ground_truth": "2", "domain": "math"},
-    {"prompt_ids": [3], "prompt": "ab", "ground_truth": "ba", "domain": "reverse"},
-    {"prompt_ids": [4, 5], "prompt": "2+2=", "ground_truth": "4", "domain": "math"},
+    {"prompt_ids": [1, 2], "prompt": "1+1=", "ground_truth": "2", "domain": "math", "id": "a"},
+    {"prompt_ids": [3], "prompt": "ab", "ground_truth": "ba", "domain": "reverse", "id": "b"},
+    {"prompt_ids": [4, 5], "prompt": "2+2=", "ground_truth": "4", "domain": "math", "id": "c"},
 ]
 
 
-class FakeEngine:
-    """The rollout role's ``generate``: ``n`` responses per prompt, grouped by prompt. Greedy
-    answers row 0 and 1 right; samples: sample j of row r is right when j < r + 1."""
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def get(self, timeout_s=None):
+        return self.value
+
+
+class FakeEngines:
+    """The rollout role (the Ray boundary): ``n`` responses per context, grouped by context.
+    Greedy answers row 0 and 1 right; samples: sample j of row r is right when j < r + 1."""
+
+    name = "actor_infer"
 
     def __init__(self):
         self.calls = []
 
-    def generate(self, batch, *, seed, n, temperature, **sampling):
-        self.calls.append(dict(seed=seed, n=n, temperature=temperature, **sampling))
+    def submit(self, method, batch, *, seed, n, temperature, **sampling):
+        assert method == "generate"
+        limit = batch["max_new_tokens"][0]
+        self.calls.append(
+            dict(seed=seed, n=n, temperature=temperature, max_new_tokens=limit, **sampling)
+        )
         rows, responses = [], []
         for r in batch["row"]:
             truth = ROWS[r]["ground_truth"]
@@ -171,25 +185,37 @@ class FakeEngine:
                 right = r < 2 if n == 1 else j < r + 1
                 rows.append(r)
                 responses.append([ord(ch) for ch in (truth if right else "x" * (j + 1))])
-        limit = sampling["max_new_tokens"]
-        return Batch(
-            non_tensors={
-                "row": rows,
-                "response_ids": responses,
-                "finish_reason": ["length" if len(r) >= limit else "stop" for r in responses],
-            }
+        return _Done(
+            Batch(
+                non_tensors={
+                    "row": rows,
+                    "response_ids": responses,
+                    "rollout_logprobs": [[0.0] * len(r) for r in responses],
+                    "finish_reason": ["length" if len(r) >= limit else "stop" for r in responses],
+                }
+            )
         )
 
 
 class FakeTokenizer:
+    pad_token_id = 0
+
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(i) for i in ids)
 
 
-def fake_score(samples: Batch) -> None:
-    right = [t == g for t, g in zip(samples["response_text"], samples["ground_truth"], strict=True)]
-    samples.tensors["scores"] = torch.tensor(right, dtype=torch.float32)
-    samples.non_tensors["reward_info"] = object_array([{"correct": ok} for ok in right])
+class FakeReward:
+    """A reward role: right when the response equals the ground truth."""
+
+    def submit(self, method, part):
+        assert method == "score"
+        right = [t == g for t, g in zip(part["response_text"], part["ground_truth"], strict=True)]
+        return _Done(
+            Batch(
+                {"scores": torch.tensor(right, dtype=torch.float32)},
+                {"reward_info": object_array([{"correct": ok} for ok in right])},
+            )
+        )
 
 
 def _cfg(**validation):
@@ -197,12 +223,29 @@ def _cfg(**validation):
     return replace(cfg, validation=replace(cfg.validation, **validation))
 
 
+def _phase(cfg, engines):
+    from roll_ds.pipeline.colocation import Choreography, ColocationPlan
+    from roll_ds.pipeline.engines import RolloutEngines
+    from roll_ds.pipeline.rollout_phase import RolloutPhase
+    from roll_ds.pipeline.tasks import Tasks
+
+    tasks = Tasks(cfg, FakeTokenizer(), eval_rows=ROWS, routes={"math": "r", "reverse": "r"})
+    return RolloutPhase(
+        cfg=cfg,
+        engines=RolloutEngines(engines),
+        clusters={"rewards.r": FakeReward()},
+        colocation=Choreography(ColocationPlan()),
+        tasks=tasks,
+        tokenizer=FakeTokenizer(),
+    )
+
+
 def test_greedy_only_by_default_with_todays_metrics_and_call():
-    engine = FakeEngine()
+    engines = FakeEngines()
     cfg = _cfg()
-    got = evaluate_policy(engine, fake_score, FakeTokenizer(), ROWS, cfg)
+    got = evaluate_policy(_phase(cfg, engines))
     # One generation, with exactly the arguments evaluate passed before sampled eval existed.
-    assert engine.calls == [
+    assert engines.calls == [
         dict(seed=cfg.seed, n=1, temperature=0.0, top_p=1.0, top_k=-1, max_new_tokens=8)
     ]
     today = domain_metrics(
@@ -221,10 +264,10 @@ def test_greedy_only_by_default_with_todays_metrics_and_call():
 
 
 def test_sampled_eval_reports_mean_and_pass_at_k_per_domain():
-    engine = FakeEngine()
+    engines = FakeEngines()
     cfg = _cfg(num_samples=4, sample_temperature=0.7)
-    got = evaluate_policy(engine, fake_score, FakeTokenizer(), ROWS, cfg)
-    assert [(c["n"], c["temperature"]) for c in engine.calls] == [(1, 0.0), (4, 0.7)]
+    got = evaluate_policy(_phase(cfg, engines))
+    assert [(c["n"], c["temperature"]) for c in engines.calls] == [(1, 0.0), (4, 0.7)]
     # right samples per row: 1, 2, 3 of 4
     assert got["eval/mean@4"] == pytest.approx((1 + 2 + 3) / 12)
     assert got["eval/math/mean@4"] == pytest.approx((1 + 3) / 8)

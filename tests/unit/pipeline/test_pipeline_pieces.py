@@ -71,7 +71,7 @@ def test_domain_routes_require_every_domain_once():
 
 
 def test_group_has_signal():
-    from roll_ds.pipeline.rollout import group_has_signal
+    from roll_ds.pipeline.scoring import group_has_signal
 
     scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     assert group_has_signal(scores, 2).tolist() == [False, False, True]
@@ -112,29 +112,24 @@ def test_domain_metrics_count_failure_categories_and_unparsed_verdicts():
 # --- issue 10: dynamic sampling padding, mask_truncated, overlong penalty ---------------------
 
 
-def _groups(ids: list[str], group: int = 2):
-    from roll_ds.distributed.batch import Batch
-
-    rows = [f"{g}.{j}" for g in ids for j in range(group)]
-    return Batch(non_tensors={"id": rows})
+def _groups(ids: list[str], group: int = 2) -> list[list[str]]:
+    return [[f"{g}.{j}" for j in range(group)] for g in ids]
 
 
 def test_dynamic_batch_pads_with_spare_groups_never_a_kept_one_twice():
-    from roll_ds.pipeline.rollout import fit_dynamic_batch
+    from roll_ds.pipeline.scoring import fit_groups
 
-    kept = [_groups(["a"]), _groups([]), _groups(["b"])]
-    spare = [_groups(["x", "y"]), _groups(["z"])]
-    batch, padding = fit_dynamic_batch(kept, spare, group=2, want=4)
-    ids = list(batch["id"])
-    assert ids == ["a.0", "a.1", "b.0", "b.1", "x.0", "x.1", "y.0", "y.1"]
-    assert len(set(ids)) == len(ids)
-    assert padding == 4
+    kept = _groups(["a", "b"])
+    spare = _groups(["x", "y", "z"])
+    flat, padding = fit_groups(kept, spare, want=4)
+    assert flat == ["a.0", "a.1", "b.0", "b.1", "x.0", "x.1", "y.0", "y.1"]
+    assert padding == 2  # groups
     # Enough kept groups: trimmed, no padding.
-    batch, padding = fit_dynamic_batch([_groups(["a", "b", "c"])], spare, group=2, want=2)
-    assert list(batch["id"]) == ["a.0", "a.1", "b.0", "b.1"] and padding == 0
+    flat, padding = fit_groups(_groups(["a", "b", "c"]), spare, want=2)
+    assert flat == ["a.0", "a.1", "b.0", "b.1"] and padding == 0
     # Nothing kept at all: every group is padding.
-    batch, padding = fit_dynamic_batch([_groups([])], spare, group=2, want=3)
-    assert padding == 6 and len(batch) == 6
+    flat, padding = fit_groups([], spare, want=3)
+    assert padding == 3 and len(flat) == 6
 
 
 class _Tok:
@@ -148,52 +143,48 @@ def _cfg(**algo):
     return RLVRConfig(response_length=4, algorithm=AlgorithmConfig(**algo))
 
 
-def _pack(samples, mask_truncated):
-    from roll_ds.pipeline.sequences import pack_samples, pad_token_id
+def _rows(finish: list[str], responses: list[list[int]]):
+    """Scored row episodes (reward 1 each), prompt [5, 6]."""
+    from roll_ds.agentic.episode import DONE, Episode
 
-    return pack_samples(samples, pad_token_id(_Tok()), mask_truncated=mask_truncated)
+    episodes = []
+    for i, (reason, ids) in enumerate(zip(finish, responses, strict=True)):
+        e = Episode(-1 - i, i, "math", -1, row=i)
+        e.prompt_ids = [5, 6]
+        e.add_policy_turn(ids, [-0.5] * len(ids), closed=True, finish_reason=reason)
+        e.turn_rewards[-1] = 1.0
+        e.end(DONE)
+        episodes.append(e)
+    return episodes
 
 
-def _overlong_penalty(samples, **algo):
-    from roll_ds.pipeline.rollout import apply_overlong_penalty
+def _pack(episodes, mask_truncated):
+    from roll_ds.pipeline.packing import pack_episodes
 
-    cfg = _cfg(**algo)
-    return apply_overlong_penalty(samples, cfg.algorithm, cfg.response_length)
-
-
-def _samples(finish: list[str], responses: list[list[int]]):
-    from roll_ds.distributed.batch import Batch
-
-    n = len(finish)
-    return Batch(
-        tensors={"scores": torch.ones(n)},
-        non_tensors={
-            "prompt_ids": [[5, 6]] * n,
-            "response_ids": responses,
-            "rollout_logprobs": [[-0.5] * len(r) for r in responses],
-            "finish_reason": finish,
-            "domain": ["math"] * n,
-            "id": [str(i) for i in range(n)],
-            "response_text": ["x"] * n,
-        },
-    )
+    rows = [{"id": str(i)} for i in range(len(episodes))]
+    return pack_episodes(episodes, rows, pad_id=0, mask_truncated=mask_truncated)
 
 
 def test_mask_truncated_masks_the_loss_only():
-    packed = _pack(_samples(["stop", "length"], [[7, 2], [7, 8, 9, 9]]), mask_truncated=True)
+    packed = _pack(_rows(["stop", "length"], [[7, 2], [7, 8, 9, 9]]), mask_truncated=True)
     assert packed["response_mask"].sum(-1).tolist() == [2.0, 4.0]  # advantages, critic, KL
     assert packed["loss_mask"].sum(-1).tolist() == [2.0, 0.0]  # the policy loss
-    off = _pack(_samples(["stop", "length"], [[7, 2], [7, 8, 9, 9]]), mask_truncated=False)
+    off = _pack(_rows(["stop", "length"], [[7, 2], [7, 8, 9, 9]]), mask_truncated=False)
     assert torch.equal(off["loss_mask"], off["response_mask"])
+    assert list(off["id"]) == ["0", "1"] and "turns" not in off.non_tensors  # rows only
 
 
 def test_overlong_penalty_is_added_to_training_scores():
-    samples = _samples(["stop", "stop", "length"], [[2], [7, 8, 2], [7, 8, 9, 9]])
-    penalty = _overlong_penalty(samples, overlong_buffer_len=2, overlong_penalty_factor=0.5)
+    from roll_ds.pipeline.scoring import apply_overlong_penalty
+
+    episodes = _rows(["stop", "stop", "length"], [[2], [7, 8, 2], [7, 8, 9, 9]])
+    cfg = _cfg(overlong_buffer_len=2, overlong_penalty_factor=0.5)
+    penalty = apply_overlong_penalty(episodes, torch.ones(3), cfg.algorithm, cfg.response_length)
     # response_length 4, buffer 2: free up to 2 tokens, then -0.5 * (len - 2) / 2.
     assert penalty.tolist() == [0.0, -0.25, -0.5]
-    assert samples["scores"].tolist() == [1.0, 0.75, 0.5]
-    assert _overlong_penalty(_samples(["stop"], [[2]])) is None
+    assert [e.total_reward for e in episodes] == [1.0, 0.75, 0.5]
+    off = _cfg()
+    assert apply_overlong_penalty(episodes, torch.ones(3), off.algorithm, 4) is None
 
 
 def test_filter_overlong_prompts_drops_and_counts(caplog):
@@ -218,40 +209,48 @@ def test_filter_overlong_prompts_drops_and_counts(caplog):
 
 
 def test_old_logprobs_reuse_follows_the_mode_and_the_evidence():
-    from roll_ds.pipeline.logprobs import reuse_rollout_logprobs
+    from roll_ds.pipeline.logprobs import OldLogprobs
 
     def reuse(cfg, staleness, last_parity):
-        return reuse_rollout_logprobs(cfg, staleness=staleness, last_parity=last_parity)
+        old = OldLogprobs.from_config(cfg)
+        return old.reuse(staleness=staleness, last_parity=last_parity)
 
     cfg = _cfg(old_logprobs="auto")
+    cfg.actor_train.strategy_args.strategy_name = "deepspeed_train"
     assert reuse(cfg, 0.0, 3e-6)  # on-policy, fp32, parity proven
     assert not reuse(cfg, 1.0, 3e-6)  # off-policy: recompute pi_t
     assert not reuse(cfg, 0.0, 2e-3)  # the engines disagree
     assert not reuse(cfg, 0.0, None)  # no parity probe ran
     cfg.actor_infer.model_args.dtype = "bf16"
     assert not reuse(cfg, 0.0, 3e-6)  # bf16 numbers differ
-    assert reuse(_cfg(old_logprobs="rollout"), 2.0, None)
-    assert not reuse(_cfg(old_logprobs="recompute"), 0.0, 3e-6)
+    for mode, want in (("rollout", True), ("recompute", False)):
+        other = _cfg(old_logprobs=mode)
+        other.actor_train.strategy_args.strategy_name = "deepspeed_train"
+        assert reuse(other, 2.0 if want else 0.0, None if want else 3e-6) is want
 
 
 def test_old_logprobs_come_from_the_train_step_only_where_nothing_reads_them_before():
-    from roll_ds.pipeline.logprobs import old_logprobs_in_train_step
+    from roll_ds.pipeline.logprobs import OldLogprobs
+
+    def in_train_step(cfg) -> bool:
+        return OldLogprobs.from_config(cfg).in_train_step
 
     cfg = _cfg()
     cfg.actor_train.strategy_args.strategy_name = "deepspeed_train"
-    assert old_logprobs_in_train_step(cfg)
+    assert in_train_step(cfg)
     cfg.actor_train.max_tokens_per_micro_batch = 64  # token-budget micro-batches too
-    assert old_logprobs_in_train_step(cfg)
+    assert in_train_step(cfg)
     for change in (
         lambda c: setattr(c.algorithm, "kl_coef", 0.1),  # the reference KL reads them first
         lambda c: setattr(c.algorithm, "ppo_epochs", 2),  # later passes need them fixed
         lambda c: setattr(c.actor_train.model_args, "lora_dropout", 0.1),
-        lambda c: setattr(c.actor_train.strategy_args, "strategy_name", "hf_train"),
+        # a backend whose train step cannot give them (the capability, not a name)
+        lambda c: setattr(c.actor_train.strategy_args, "strategy_name", "hf_infer"),
     ):
         other = _cfg()
         other.actor_train.strategy_args.strategy_name = "deepspeed_train"
         change(other)
-        assert not old_logprobs_in_train_step(other)
+        assert not in_train_step(other)
 
 
 class _Pending:

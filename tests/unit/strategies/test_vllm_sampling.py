@@ -308,8 +308,8 @@ def test_registry_resolves_vllm_to_a_generate_strategy():
 class _SeedRecordingStrategy:
     """Stands in for the vllm strategy: 'samples' each prompt's request seed."""
 
-    def generate(self, prompts, *, seed, first_prompt_index=0, **_):
-        seeds = [request_seed(seed, first_prompt_index + i) for i in range(len(prompts))]
+    def generate(self, prompts, *, seed, prompt_indices, **_):
+        seeds = [request_seed(seed, index) for index in prompt_indices]
         return {
             "prompt_index": list(range(len(prompts))),
             "response_ids": [[s] for s in seeds],

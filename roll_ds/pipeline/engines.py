@@ -1,0 +1,99 @@
+"""The rollout engines (``actor_infer``) as the pipeline calls them: one typed handle.
+
+``generate`` takes one turn's requests (``roll_ds.agentic.runner.TurnRequest``: token ids in, ``n``
+samples out) and returns each request's samples. Requests that share ``n`` and seed go in one call
+to every engine (a step of dataset rows is one call, as is every turn of environment episodes);
+a mixed turn makes one call of each kind. Two ways to run a call:
+
+- batch: ``RolloutWorker.generate``, one blocking call per engine (a weight sync sent meanwhile
+  runs after it);
+- stream (``async_generation.mode: stream``): ``submit_stream`` adds the requests to the
+  engine's request stream and returns; ``collect_stream`` waits for them in the worker's
+  ``stream_wait`` concurrency group, so a weight sync's pause, reload and resume run meanwhile
+  and the requests go on with the new weights between two decode steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from roll_ds.agentic.runner import Sample, TurnRequest
+from roll_ds.distributed.batch import Batch
+from roll_ds.pipeline.workers import PROBE_META
+
+
+class RolloutEngines:
+    """Typed calls on the ``actor_infer`` cluster."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self._tags = itertools.count()
+
+    @property
+    def name(self) -> str:
+        return self.cluster.name
+
+    def generate(
+        self,
+        requests: list[TurnRequest],
+        sampling: Mapping[str, Any],
+        *,
+        stream: bool = False,
+        probe: dict | None = None,
+    ) -> tuple[list[list[Sample]], list[Any]]:
+        """Each request's ``n`` samples, and (``probe``: parity-probe rows every engine scores
+        in the same engine steps) the probe's log-probs per engine rank."""
+        calls: dict[tuple[int, int], list[int]] = {}
+        for i, request in enumerate(requests):
+            calls.setdefault((request.n, request.seed), []).append(i)
+        pending = []
+        for k, ((n, seed), positions) in enumerate(calls.items()):
+            batch = Batch(
+                non_tensors={
+                    "prompt_ids": [requests[i].context for i in positions],
+                    "row": [requests[i].index for i in positions],
+                    "max_new_tokens": [requests[i].max_new_tokens for i in positions],
+                }
+            )
+            if stream:
+                tag = f"turn-{next(self._tags)}"
+                self.cluster.call("submit_stream", batch, tag=tag, seed=seed, n=n, **sampling)
+                call = self.cluster.submit("collect_stream", tag)
+            else:
+                extra = {"probe": probe} if probe is not None and k == 0 else {}
+                call = self.cluster.submit("generate", batch, seed=seed, n=n, **extra, **sampling)
+            pending.append((positions, call))
+        samples: list[list[Sample]] = [[] for _ in requests]
+        probe_logprobs: list[Any] = []
+        for positions, call in pending:
+            out = call.get()
+            if isinstance(out, list):  # collect_stream: every rank's share, in rank order
+                out = Batch.concat(out)
+            at = {requests[i].index: i for i in positions}
+            versions = out.non_tensors.get("token_versions")
+            for j, row in enumerate(out["row"]):
+                samples[at[int(row)]].append(
+                    Sample(
+                        list(out["response_ids"][j]),
+                        list(out["rollout_logprobs"][j]),
+                        str(out["finish_reason"][j]),
+                        None if versions is None else list(versions[j]),
+                    )
+                )
+            ranks = sorted(int(k.split("/")[1]) for k in out.meta if k.startswith(PROBE_META))
+            probe_logprobs += [out.meta[f"{PROBE_META}{r}"] for r in ranks]
+        return samples, probe_logprobs
+
+    def pause(self) -> None:
+        """Stop the engines' request streams between two decode steps (before a sync)."""
+        self.cluster.call("pause_generation")
+
+    def resume(self, version: int) -> None:
+        """Generate on; tokens from now on are labelled policy ``version``."""
+        self.cluster.call("resume_generation", version)
+
+    def probe_logprobs(self, probe: Mapping[str, Any]) -> list[Any]:
+        """Every engine's log-probs of the whole parity probe (one tensor per rank)."""
+        return self.cluster.submit("probe_logprobs", Batch(dict(probe))).get()
