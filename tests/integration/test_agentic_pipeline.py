@@ -115,34 +115,3 @@ def test_agentic_resume_after_sigkill_matches(straight: Path, small, tmp_path: P
     resumed = run(tmp_path, *small, "resume_from_checkpoint=latest", config=CONFIG)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert_same_metrics(tmp_path, straight, steps=(3,), exp_name=CONFIG)
-
-
-@pytest.mark.parametrize(
-    ("mode", "k", "staleness"), [("batch", 1, [0.0, 1.0, 1.0]), ("stream", 2, [0.0, 1.0, 2.0])]
-)
-def test_async_episodes_played_ahead_then_resume_trains_on_the_stored_ones(
-    small, tmp_path: Path, mode: str, k: int, staleness: list[float]
-):
-    """``async_generation.max_staleness=k``: the episodes of steps t+1..t+k play in driver
-    threads while step t trains, and every sync lands among their turns (``mode: stream``: the
-    engines' request stream is paused for it; a turn sent meanwhile waits for the resume). The
-    episodes in flight at a checkpoint are stored with it, and the resumed run trains on exactly
-    those (its rollout metrics are theirs)."""
-    from roll_ds.agentic.episode import Episode
-    from roll_ds.agentic.runner import episode_metrics
-
-    ahead = [*small, f"async_generation.max_staleness={k}", f"async_generation.mode={mode}"]
-    assert sigkill_after_first_checkpoint(tmp_path, *ahead, config=CONFIG) == "step_000002"
-    checkpoint = tmp_path / CONFIG / "checkpoints" / "step_000002"
-    [stored] = json.loads((checkpoint / "episodes_in_flight.json").read_text())
-    assert stored["step"] == 2  # the last step's episodes; nothing is played past max_steps
-    episodes = [Episode(**e) for e in stored["episodes"]]
-    resumed = run(tmp_path, *ahead, "resume_from_checkpoint=latest", config=CONFIG)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    rows = {r["step"]: r for r in metrics(tmp_path, CONFIG)}
-    assert sorted(rows) == [0, 1, 2, 3]
-    for key, value in episode_metrics(episodes, "rollout").items():
-        assert rows[3][key] == value, key
-    assert [rows[s]["rollout/staleness"] for s in (1, 2, 3)] == staleness
-    for step in (1, 2, 3):
-        assert rows[step]["sync/parity_max_abs_diff"] < 1e-4
