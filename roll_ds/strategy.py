@@ -187,9 +187,6 @@ class SequenceScorer(Protocol):
         """``scores_B``: one scalar per left-padded sequence, read at its last token."""
 
 
-# Backends that can serve a discriminative reward model (``rewards.<role>.head``).
-SCORING_STRATEGIES = ("hf_infer", "deepspeed_infer")
-
 LossFn = Callable[..., tuple["torch.Tensor", dict[str, float]]]
 
 

@@ -51,6 +51,22 @@ class StrategySpec:
     streams: bool = False
     # train_step_with_old_logprobs: the old log-probs from the train step's own forwards
     old_logprobs_in_train_step: bool = False
+    # built with a reward-model head, scores whole sequences (score_sequences)
+    scores_sequences: bool = False
+    # serves a base model plus a synced LoRA adapter (weight_sync.lora_sync=adapter)
+    serves_adapters: bool = False
+
+
+def names_with(ability: str) -> list[str]:
+    """The strategy names whose spec has ``ability`` (a flag above), sorted: for messages."""
+    return sorted(name for name, spec in STRATEGY_SPECS.items() if getattr(spec, ability))
+
+
+def can(strategy_name: str | None, ability: str) -> bool:
+    """Whether the backend ``strategy_name`` has ``ability``; an unknown name has none (its
+    own check reports it)."""
+    spec = STRATEGY_SPECS.get(strategy_name or "")
+    return spec is not None and bool(getattr(spec, ability))
 
 
 _DEEPSPEED_CHECKS = "strategies.deepspeed.config_checks:strategy_config_problems"
@@ -70,6 +86,7 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         generates=False,
         role_checks=_DEEPSPEED_CHECKS,
         token_micro_batches=True,
+        scores_sequences=True,
     ),
     "hf_infer": StrategySpec(
         "strategies.hf_infer:HfInferStrategy",
@@ -77,6 +94,7 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         generates=True,
         token_micro_batches=True,
         sleeps=True,  # weights to host memory; HF generate holds no KV cache between calls
+        scores_sequences=True,
     ),
     "vllm": StrategySpec(
         "strategies.vllm.strategy:VllmStrategy",
@@ -89,6 +107,7 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         per_request_seeds=True,
         probe_in_generate=True,
         streams=True,
+        serves_adapters=True,
     ),
 }
 

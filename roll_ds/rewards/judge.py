@@ -20,7 +20,6 @@ from typing import Any
 from roll_ds.config.schema import JudgeConfig, JudgePattern
 from roll_ds.rewards.base import RewardFn, RewardOutput, RewardSample, ground_truth_list
 
-JUDGE_STRATEGIES = ("vllm", "hf_infer")
 PLACEHOLDERS = ("question", "response", "reference")
 REQUIRED_PLACEHOLDERS = ("question", "response")
 UNPARSED = "judge: unparsed verdict"

@@ -174,8 +174,8 @@ def check_model_reward(name: str, role: RewardConfig) -> list[str]:
     """Problems of a reward role's model settings (``name``: ``rewards.<role>``): head and
     strategy combinations, a model without model_args, model terms without a model, and the
     judge's template and patterns (``roll_ds.rewards.judge.check_judge``)."""
+    from roll_ds.config.strategies import can, names_with
     from roll_ds.models.reward_model import HEADS
-    from roll_ds.strategy import SCORING_STRATEGIES
 
     problems: list[str] = []
     strategy = role.strategy_args.strategy_name
@@ -189,11 +189,11 @@ def check_model_reward(name: str, role: RewardConfig) -> list[str]:
     if role.head is not None:
         if role.head not in HEADS:
             problems.append(f"{name}.head: unknown head {role.head!r}; valid: {', '.join(HEADS)}")
-        if strategy not in SCORING_STRATEGIES:
+        if not can(strategy, "scores_sequences"):
             problems.append(
-                f"{name}.strategy_args.strategy_name: head {role.head!r} needs one of "
-                f"{', '.join(SCORING_STRATEGIES)} (got {strategy!r}; the vllm strategy only "
-                "generates)"
+                f"{name}.strategy_args.strategy_name: head {role.head!r} needs a backend that "
+                f"scores sequences, one of {', '.join(names_with('scores_sequences'))} (got "
+                f"{strategy!r})"
             )
         if MODEL_FN not in fns:
             problems.append(
@@ -201,12 +201,12 @@ def check_model_reward(name: str, role: RewardConfig) -> list[str]:
                 f"term uses it; add {{name: {MODEL_FN}, weight: 1.0}}"
             )
     if role.judge is not None:
-        from roll_ds.rewards.judge import JUDGE_STRATEGIES, check_judge
+        from roll_ds.rewards.judge import check_judge
 
-        if strategy not in JUDGE_STRATEGIES:
+        if not can(strategy, "generates"):
             problems.append(
                 f"{name}.strategy_args.strategy_name: a judge generates, so it needs one of "
-                f"{', '.join(JUDGE_STRATEGIES)} (got {strategy!r})"
+                f"{', '.join(names_with('generates'))} (got {strategy!r})"
             )
         problems += check_judge(f"{name}.judge", role.judge)
         if JUDGE_FN not in fns:

@@ -5,6 +5,7 @@ shared GPUs is ``select.layout_problems``.) Light: no torch or Ray import."""
 from __future__ import annotations
 
 from roll_ds.config.schema import RLVRConfig
+from roll_ds.config.strategies import can, names_with
 
 
 def weight_sync_problems(cfg: RLVRConfig) -> list[str]:
@@ -41,10 +42,11 @@ def lora_sync_problems(cfg: RLVRConfig) -> list[str]:
             f"weight_sync.lora_sync: adapter: vLLM serves LoRA ranks up to 512, "
             f"actor_train.model_args.lora_rank is {rank}; use lora_sync=merged"
         )
-    if infer.strategy_args.strategy_name != "vllm":
+    if not can(infer.strategy_args.strategy_name, "serves_adapters"):
         problems.append(
-            f"weight_sync.lora_sync: adapter needs actor_infer.strategy_args.strategy_name vllm "
-            f"(got {infer.strategy_args.strategy_name!r}); use lora_sync=merged"
+            f"weight_sync.lora_sync: adapter needs a rollout backend that serves LoRA adapters "
+            f"(actor_infer.strategy_args.strategy_name one of {names_with('serves_adapters')}, "
+            f"got {infer.strategy_args.strategy_name!r}); use lora_sync=merged"
         )
     bases = (train.model_args.model_name_or_path, infer.model_args.model_name_or_path)
     if bases[0] != bases[1]:

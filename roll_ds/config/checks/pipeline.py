@@ -11,6 +11,7 @@ from roll_ds.config.estimators import ESTIMATOR_OPTIONS, needs_critic
 from roll_ds.config.role_placement import RolePlacement, role_configs
 from roll_ds.config.roles import TRAIN_ROLES
 from roll_ds.config.schema import EMBEDDED_AGENT, EMBEDDED_MODEL, EMBEDDED_RM, RLVRConfig
+from roll_ds.config.strategies import can, names_with
 
 
 def pipeline_problems(cfg: RLVRConfig, placements: dict[str, RolePlacement]) -> list[str]:
@@ -143,10 +144,11 @@ def stream_problems(cfg: RLVRConfig) -> list[str]:
     """``async_generation.mode=stream`` pauses vLLM's request queue for each sync."""
     problems = []
     strategy = cfg.actor_infer.strategy_args.strategy_name
-    if strategy != "vllm":
+    if not can(strategy, "streams"):
         problems.append(
-            f"async_generation.mode=stream needs actor_infer.strategy_args.strategy_name=vllm "
-            f"(it pauses vLLM's request queue for each sync), got {strategy!r}; use mode=batch"
+            f"async_generation.mode=stream needs a rollout backend with a request stream a sync "
+            f"pauses (actor_infer.strategy_args.strategy_name one of {names_with('streams')}), "
+            f"got {strategy!r}; use mode=batch"
         )
     if cfg.weight_sync.lora_sync == "adapter":
         problems.append(

@@ -194,7 +194,7 @@ def test_valid_model_roles_and_rule_roles_pass():
         (
             {"strategy_args": StrategyArgs(strategy_name="vllm")},
             "rewards.math.strategy_args.strategy_name",
-            "hf_infer, deepspeed_infer",
+            "deepspeed_infer, hf_infer",
         ),
         (
             {"model_args": ModelArgs()},
@@ -242,7 +242,7 @@ def test_judge_role_needs_a_generating_strategy():
         strategy_args=StrategyArgs(strategy_name="deepspeed_infer"),
     )
     problems = check_model_reward("rewards.qa", role)
-    assert any("needs one of vllm, hf_infer" in p for p in problems), problems
+    assert any("needs one of hf_infer, vllm" in p for p in problems), problems
     ok = RewardConfig(**{**role.__dict__, "strategy_args": StrategyArgs(strategy_name="vllm")})
     assert check_model_reward("rewards.qa", ok) == []
 

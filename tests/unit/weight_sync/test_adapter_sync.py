@@ -116,6 +116,9 @@ def test_adapter_sync_problems_name_the_field_and_the_fix():
     hf = problems(
         "weight_sync.lora_sync=adapter", "actor_infer.strategy_args.strategy_name=hf_infer"
     )
-    assert any("needs actor_infer.strategy_args.strategy_name vllm" in p for p in hf), hf
+    assert any(
+        "a rollout backend that serves LoRA adapters (actor_infer.strategy_args.strategy_name" in p
+        for p in hf
+    ), hf
     base = problems("weight_sync.lora_sync=adapter", "actor_infer.model_args.model_name_or_path=/x")
     assert any("actor_infer must load the trainer's base model" in p for p in base), base
