@@ -555,35 +555,3 @@ def cluster_runner(clusters: Mapping[str, Any]) -> Runner:
         return [call.get() for call in calls]
 
     return run
-
-
-def colocated_parity(
-    train: Any,
-    infer: Any,
-    probe: Mapping[str, Any],
-    *,
-    max_abs_diff: float | None,
-    what: str,
-    between: Callable[[], None],
-) -> dict[str, float]:
-    """``weight_sync.parity.check_parity`` for colocated roles: the trainer scores the probe
-    while it is loaded, ``between()`` then offloads it and wakes the engines' KV cache (the
-    generate phase), and the engines score it; never both on the GPU at once."""
-    from roll_ds.distributed.batch import Batch
-    from roll_ds.weight_sync.parity import compare
-
-    started = time.perf_counter()
-    batch = Batch(dict(probe))
-    trainer_BT = train.submit("compute_logprobs", batch, key="logprobs", temperature=1.0).get()
-    between()
-    rollout_BT = infer.submit("probe_logprobs", batch).get()
-    metrics = compare(
-        trainer_BT["logprobs"],
-        rollout_BT,
-        probe["attention_mask"],
-        max_abs_diff=max_abs_diff,
-        role=infer.name,
-        what=what,
-    )
-    metrics["sync/parity_seconds"] = time.perf_counter() - started
-    return metrics
