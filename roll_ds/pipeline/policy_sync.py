@@ -24,7 +24,7 @@ from typing import Any
 
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.strategies import STRATEGY_SPECS
-from roll_ds.pipeline.colocation import GENERATE, SYNC, Choreography
+from roll_ds.pipeline.colocation.choreography import GENERATE, SYNC, Choreography
 from roll_ds.pipeline.engines import RolloutEngines
 
 OFF, COLOCATED, ON_ROLLOUT, AFTER_SYNC = "off", "colocated", "on_rollout", "after_sync"

@@ -10,18 +10,17 @@ import json
 import pytest
 
 from roll_ds.config import ConfigError, load_config
-from roll_ds.pipeline.colocation import (
+from roll_ds.pipeline.colocation.choreography import (
     GENERATE,
     SYNC,
     TRAIN,
     Choreography,
     ColocationError,
-    ColocationPlan,
     ColocationState,
     Transition,
     phase_transitions,
-    plan_colocation,
 )
+from roll_ds.pipeline.colocation.plan import ColocationPlan, plan_colocation
 from strategies.deepspeed.offload import OFFLOAD_STATES, offload_targets
 
 GPU_16 = "rlvr_qwen2.5_7b_lora_zero3_16gpu"

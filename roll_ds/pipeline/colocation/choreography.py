@@ -20,7 +20,7 @@ at a time:
 
 hf_infer sleeps the same way (its weights to host memory at either level; HF ``generate``
 holds no KV cache between calls, so its ``kv_cache`` tag only tracks the state), and it has no
-share of the GPU to size at start, so the vLLM memory checks below do not apply to it.
+share of the GPU to size at start, so the vLLM memory checks (``plan.py``) do not apply to it.
 
 The pipeline says which phase it is about to enter (``Choreography.enter``); the choreography
 makes only the transitions that phase needs, frees before it allocates, runs the transitions
@@ -29,16 +29,8 @@ step). Orders that would serve or overwrite the wrong memory raise: a weight syn
 weights (``synced`` outside the sync phase), generating with weights that a level-2 sleep
 discarded and no sync refilled, entering a phase before the roles started.
 
-``colocation.offload``: ``auto`` manages roles that share a GPU with an engine (on CPU machines
-nothing is shared: device ids are CPU slots in one host memory, so nothing happens and roles
-start at once, as before); ``always`` manages every model role whatever the placement (on CPU
-the calls are no-ops that still track state: tests check the order there); ``never`` manages
-nothing (engines still start before the trainers that share their GPUs: a static split where
-vLLM keeps ``gpu_memory_utilization`` and the trainer gets the rest). Under
-``async_generation`` generation overlaps training, so ``auto`` offloads nothing (the static
-split) and ``always`` is refused.
-
-This module imports neither torch nor Ray: validation imports it.
+Who is managed, and in which order the roles start, is the plan's (``plan.py``). This module
+imports neither torch nor Ray: the roles' calls go through a ``Runner``.
 """
 
 from __future__ import annotations
@@ -49,24 +41,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from roll_ds.config.device_mapping import DeviceMappingError, parse_device_mapping
-from roll_ds.config.estimators import needs_critic
-from roll_ds.config.ranges import OneOf, field_problems
-from roll_ds.config.strategies import STRATEGY_SPECS, StrategySpec
-
-if TYPE_CHECKING:
-    from roll_ds.config.schema import RLVRConfig
+from roll_ds.pipeline.colocation.plan import ColocationPlan
 
 logger = logging.getLogger(__name__)
 
-OFFLOAD_MODES = ("auto", "always", "never")
-SLEEP_LEVELS = (1, 2)
 TRAIN, SYNC, GENERATE = "train", "sync", "generate"
 PHASES = (TRAIN, SYNC, GENERATE)
 SENDER = "actor_train"  # the role whose weights a sync gathers: loaded in the sync phase
-MODEL_ROLES = ("actor_train", "actor_infer", "reference", "critic")
 WEIGHTS, KV_CACHE = "weights", "kv_cache"
 ALL_TAGS = frozenset((WEIGHTS, KV_CACHE))
 # What each phase needs: (trainers that hold their states, tags the engines hold).
@@ -76,244 +59,6 @@ _NEEDS: dict[str, tuple[Callable[[str], bool], frozenset[str]]] = {
     GENERATE: (lambda role: False, ALL_TAGS),
 }
 TRACE_FILE = "colocation_trace.jsonl"
-
-# --- config --------------------------------------------------------------------------------
-
-
-def sleeping_backends() -> tuple[str, ...]:
-    """The rollout backends with a sleep mode (``StrategySpec.sleeps``)."""
-    return tuple(name for name, spec in STRATEGY_SPECS.items() if spec.sleeps)
-
-
-def _engine_spec(cfg: RLVRConfig) -> StrategySpec | None:
-    """``actor_infer``'s backend (None for an unknown name, which validation reports)."""
-    return STRATEGY_SPECS.get(cfg.actor_infer.strategy_args.strategy_name)
-
-
-def colocation_problems(cfg: RLVRConfig) -> list[str]:
-    """``colocation``'s problems, each naming the field and the fix (validate.py calls this)."""
-    col = cfg.colocation
-    rules = {"offload": OneOf(OFFLOAD_MODES), "sleep_level": OneOf(SLEEP_LEVELS)}
-    problems = field_problems("colocation", col, rules)
-    if col.sleep_level == 2 and cfg.weight_sync.lora_sync == "adapter":
-        problems.append(
-            "colocation.sleep_level: 2 discards vLLM's base weights, which adapter syncs "
-            "(weight_sync.lora_sync=adapter) never resend; use colocation.sleep_level=1 or "
-            "weight_sync.lora_sync=merged"
-        )
-    if col.offload == "always" and cfg.async_generation.max_staleness > 0:
-        problems.append(
-            "colocation.offload: always offloads the trainer while the engines generate, but "
-            f"async_generation.max_staleness={cfg.async_generation.max_staleness} generates "
-            "while the trainer trains; use colocation.offload=auto (under async nothing is "
-            "offloaded: vLLM keeps its gpu_memory_utilization, the trainer the rest) or "
-            "async_generation.max_staleness=0"
-        )
-    infer, spec = cfg.actor_infer.strategy_args, _engine_spec(cfg)
-    if col.offload == "always" and spec is not None and not spec.sleeps:
-        problems.append(
-            f"colocation.offload: always sleeps the rollout engines, which needs a backend with "
-            f"a sleep mode: actor_infer.strategy_args.strategy_name one of "
-            f"{', '.join(sleeping_backends())} (got {infer.strategy_name!r}); use "
-            "colocation.offload=auto or never"
-        )
-    switched_off = _get(infer.strategy_config, "enable_sleep_mode") is False
-    if col.offload != "never" and spec is not None and spec.gpu_memory_share and switched_off:
-        problems.append(
-            f"actor_infer.strategy_args.strategy_config.enable_sleep_mode: false, but "
-            f"colocation.offload={col.offload} sleeps the engines where they share GPUs with "
-            "the trainer; remove enable_sleep_mode or set colocation.offload=never"
-        )
-    if getattr(cfg, "device", "auto") == "cuda":  # auto: plan_colocation checks on the cluster
-        problems += colocated_utilization_problems(cfg, *_sharing(cfg))
-    return problems
-
-
-def _sharing(cfg: RLVRConfig) -> tuple[tuple[str, ...], bool]:
-    """On GPUs: the roles that share ``actor_infer``'s devices and whether the choreography
-    offloads them while vLLM generates."""
-    plan = plan_colocation(cfg, "GPU", check_memory=False)
-    return plan.late_start, plan.active
-
-
-# vLLM's default gpu_memory_utilization: the share of the *whole* GPU it may take, sized as if
-# the GPU were empty. What a colocated trainer keeps resident must come out of it.
-VLLM_DEFAULT_UTILIZATION = 0.9
-# A starting point per item that stays on a shared GPU while vLLM generates (a CUDA context
-# with NCCL and allocator caches is 0.5-2 GB; states of a small model more): the refusal's
-# suggestion, not a measurement.
-RESIDENT_SHARE = 0.1
-UTILIZATION_FLOOR = 0.3
-
-
-def resident_beside_engines(cfg: RLVRConfig, late: Sequence[str], offloads: bool) -> list[str]:
-    """What stays on the GPUs ``actor_infer`` shares with the roles ``late`` while vLLM
-    generates (``offloads``: the choreography offloads the trainers meanwhile)."""
-    resident = [f"the CUDA context and allocator cache of {', '.join(late)}"]
-    if not offloads:
-        return [*resident, f"every state of {', '.join(late)} (nothing is offloaded)"]
-    if "actor_train" in late:
-        ds = cfg.actor_train.strategy_args.strategy_config or {}
-        stage, offloaded = _zero_stage(ds), _offloaded(ds)
-        if stage == 0:
-            resident.append(
-                "actor_train's weights, gradients and Adam states (ZeRO-0 cannot offload)"
-            )
-        elif stage == 3 and not offloaded and not _fused_adam(ds):
-            resident.append(
-                "actor_train's fp32 master weights and Adam states (ZeRO-3 offloads them only "
-                "for DeepSpeed's FusedAdam: an optimizer section of type Adam/AdamW)"
-            )
-    if "reference" in late:
-        resident.append("the reference model while it is reloaded for log-probs")
-    return resident
-
-
-def colocated_utilization_problems(
-    cfg: RLVRConfig, late: Sequence[str], offloads: bool
-) -> list[str]:
-    """A refusal when ``actor_infer`` shares GPUs with ``late`` and leaves vLLM's
-    ``gpu_memory_utilization`` at its empty-GPU default: it names what stays resident and a
-    value to start from. Backends that take no share of the GPU at start (hf_infer: a model and
-    what each call allocates) have nothing to size."""
-    infer, spec = cfg.actor_infer.strategy_args, _engine_spec(cfg)
-    if spec is None or not spec.gpu_memory_share:
-        return []
-    if not late or _get(infer.strategy_config, "gpu_memory_utilization") is not None:
-        return []
-    resident = resident_beside_engines(cfg, late, offloads)
-    suggested = max(UTILIZATION_FLOOR, VLLM_DEFAULT_UTILIZATION - RESIDENT_SHARE * len(resident))
-    return [
-        f"actor_infer.strategy_args.strategy_config.gpu_memory_utilization is unset while "
-        f"actor_infer shares GPUs with {', '.join(late)}: vLLM's default "
-        f"{VLLM_DEFAULT_UTILIZATION} is sized on an empty GPU, but beside it stay "
-        f"{'; '.join(resident)}. Set +actor_infer.strategy_args.strategy_config."
-        f"gpu_memory_utilization={suggested:.2f} (a starting point: lower it if vLLM reports too "
-        "little free memory at start, raise it for a larger KV cache)"
-    ]
-
-
-def _zero_stage(ds: Any) -> int:
-    try:
-        return int((_get(ds, "zero_optimization") or {}).get("stage", 0))
-    except (AttributeError, TypeError, ValueError):
-        return 0
-
-
-def _offloaded(ds: Any) -> bool:
-    zero = _get(ds, "zero_optimization") or {}
-    return any(
-        (_get(zero, key) or {}).get("device", "none") not in (None, "none")
-        for key in ("offload_optimizer", "offload_param")
-    )
-
-
-def _fused_adam(ds: Any) -> bool:
-    """DeepSpeed builds FusedAdam on GPUs for an optimizer section of type Adam/AdamW (unless
-    ``torch_adam``); without a section roll_ds passes torch's AdamW."""
-    opt = _get(ds, "optimizer") or {}
-    params = _get(opt, "params") or {}
-    kind = str(_get(opt, "type") or "").lower()
-    return kind in ("adam", "adamw") and not _get(params, "torch_adam")
-
-
-def _get(mapping: Any, key: str) -> Any:
-    try:
-        return mapping.get(key) if mapping is not None else None
-    except AttributeError:
-        return None
-
-
-# --- the plan: who is managed (pure) -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ColocationPlan:
-    """Which roles the choreography manages, decided once from the config and placement."""
-
-    engines: tuple[str, ...] = ()  # slept while the trainers compute
-    trainers: tuple[str, ...] = ()  # offloaded while the engines generate
-    late_start: tuple[str, ...] = ()  # start after the engines (they share the engines' GPUs)
-    sleep_level: int = 1
-    notes: tuple[str, ...] = ()  # what was decided and why (logged at start)
-
-    @property
-    def active(self) -> bool:
-        return bool(self.engines)
-
-    def start_stages(self, roles: Iterable[str]) -> list[list[str]]:
-        """The roles in start order: everything else (with the engines) first, then the roles
-        that share the engines' GPUs. One stage (all at once) when nothing is shared."""
-        roles = list(roles)
-        early = [r for r in roles if r not in self.late_start]
-        late = [r for r in roles if r in self.late_start]
-        return [stage for stage in (early, late) if stage]
-
-
-def plan_colocation(
-    cfg: RLVRConfig, device_resource: str, *, check_memory: bool = True
-) -> ColocationPlan:
-    """The plan for ``cfg`` on devices of Ray resource ``device_resource`` ("GPU" or "CPU").
-    On GPUs shared with the engines, ``check_memory`` refuses an unset
-    ``gpu_memory_utilization`` (``colocated_utilization_problems``)."""
-    plan = _plan(cfg, device_resource)
-    if check_memory and device_resource == "GPU":
-        problems = colocated_utilization_problems(cfg, plan.late_start, plan.active)
-        if problems:
-            raise ValueError(problems[0])
-    return plan
-
-
-def _plan(cfg: RLVRConfig, device_resource: str) -> ColocationPlan:
-    col = cfg.colocation
-    roles = {name: getattr(cfg, name) for name in MODEL_ROLES if getattr(cfg, name) is not None}
-    if "critic" in roles and not needs_critic(cfg.algorithm.adv_estimator):
-        del roles["critic"]
-    spec = _engine_spec(cfg)
-    if spec is None or not spec.sleeps:
-        return ColocationPlan(sleep_level=col.sleep_level)  # no sleep mode to manage
-    engines = ["actor_infer"]
-    others = [n for n in roles if n not in engines]
-    if col.offload == "always":
-        late = tuple(others)
-    elif device_resource == "GPU":
-        engine_devices = set().union(*(_devices(roles[e]) for e in engines))
-        late = tuple(n for n in others if _devices(roles[n]) & engine_devices)
-    else:  # CPU slots are one host memory: nothing to free, nothing to order
-        late = ()
-    if not late:
-        return ColocationPlan(sleep_level=col.sleep_level)
-    shared = f"{', '.join(late)} share{'s' if len(late) == 1 else ''} devices with {engines[0]}"
-    if col.offload == "never" or cfg.async_generation.max_staleness > 0:
-        why = (
-            "colocation.offload=never"
-            if col.offload == "never"
-            else f"async_generation.max_staleness={cfg.async_generation.max_staleness} "
-            "overlaps generation with training"
-        )
-        note = (
-            f"{shared}: nothing is offloaded ({why}); {engines[0]} starts first and keeps its "
-            "gpu_memory_utilization for the whole run, the trainers must fit in the rest"
-        )
-        return ColocationPlan(late_start=late, sleep_level=col.sleep_level, notes=(note,))
-    note = (
-        f"{shared}: {engines[0]} starts first, sleeps (level {col.sleep_level}) while they "
-        "compute; they are offloaded while it generates"
-    )
-    return ColocationPlan(
-        engines=tuple(engines),
-        trainers=late,
-        late_start=late,
-        sleep_level=col.sleep_level,
-        notes=(note,),
-    )
-
-
-def _devices(role: Any) -> set[int]:
-    try:
-        return set(parse_device_mapping(role.device_mapping))
-    except DeviceMappingError:  # validation reports it
-        return set()
 
 
 # --- transitions (pure) --------------------------------------------------------------------
