@@ -140,7 +140,7 @@ def choreography(
 
 def initialize_roles(clusters: dict[str, Any], colocation: Choreography, roles: list[str]) -> None:
     """Initialize ``roles`` stage by stage: roles that share the rollout engines' GPUs start
-    after them (colocation.py: why); the reward roles load meanwhile."""
+    after them (colocation/choreography.py: why); the reward roles load meanwhile."""
     for stage in colocation.start_stages(roles):
         pending = [clusters[n].submit("initialize") for n in stage]
         for call in pending:

@@ -1,4 +1,4 @@
-"""The colocation choreography (roll_ds/pipeline/colocation.py): who is managed, in which order
+"""The colocation choreography (roll_ds/pipeline/colocation/): who is managed, in which order
 roles start, the transitions of each phase, the trace, the orders that raise, validation, and
 what DeepSpeed's offload_states can move per ZeRO setup. A fake runner stands in for the
 roles' Ray actors."""
