@@ -3,12 +3,13 @@
 reward model scoring whole sequences (``score_sequences``).
 
 As a rollout engine colocated with trainers it sleeps like the vllm strategy
-(``roll_ds/pipeline/colocation.py``): ``offload_states(level)`` moves the model to host memory
-and hands PyTorch's cached blocks back to the device, ``reload_states(tags)`` brings back the
-``weights`` and / or the ``kv_cache``. HF ``generate`` allocates its KV cache per call and
-frees it after, so the ``kv_cache`` tag holds nothing: only the state is tracked. While a tag
-is asleep the calls that need it refuse, on CPU too (where nothing moves), so a wrong order
-shows in CPU tests. As the reference role it is offloaded and reloaded whole (no arguments)."""
+(``roll_ds/pipeline/colocation/choreography.py``): ``offload_states(level)`` moves the model
+to host memory and hands PyTorch's cached blocks back to the device, ``reload_states(tags)``
+brings back the ``weights`` and / or the ``kv_cache``. HF ``generate`` allocates its KV cache
+per call and frees it after, so the ``kv_cache`` tag holds nothing: only the state is tracked.
+While a tag is asleep the calls that need it refuse, on CPU too (where nothing moves), so a
+wrong order shows in CPU tests. As the reference role it is offloaded and reloaded whole (no
+arguments)."""
 
 from __future__ import annotations
 

@@ -293,8 +293,8 @@ class AsyncGenerationConfig:
 @dataclass
 class ColocationConfig:
     """Trainer and rollout engines on the same GPUs take turns holding them
-    (roll_ds/pipeline/colocation.py): the engines start first and sleep while the trainers
-    compute; the trainers are offloaded while the engines generate."""
+    (roll_ds/pipeline/colocation/choreography.py): the engines start first and sleep while
+    the trainers compute; the trainers are offloaded while the engines generate."""
 
     # auto: where roles share a GPU with the engines (nothing on CPU machines, nothing under
     # async_generation) | always: every model role, wherever placed | never: no offloading.

@@ -35,8 +35,8 @@ class StrategySpec:
     token_micro_batches: bool = False
     # A rollout backend with a sleep mode: ``offload_states(level=1|2)`` frees its device memory,
     # ``reload_states(tags=[...])`` brings back "weights" and / or "kv_cache" (None: both). The
-    # colocation choreography (roll_ds/pipeline/colocation.py) sleeps it while colocated
-    # trainers compute.
+    # colocation choreography (roll_ds/pipeline/colocation/choreography.py) sleeps it while
+    # colocated trainers compute.
     sleeps: bool = False
     # Sizes itself at start as a share of the whole GPU (vLLM's strategy_config
     # gpu_memory_utilization, sized as if the GPU were empty) and can turn its sleep mode off

@@ -14,7 +14,7 @@ check from the components that own it, in this order:
     roll_ds/platform.py         the device
     roll_ds/config/checks/components.py    the components' own checks, by name: rewards/
                                 config_checks.py, weight_sync/config_checks.py and select.py,
-                                pipeline/colocation.py and eval_metrics.py, agentic/
+                                pipeline/colocation/checks.py and eval_metrics.py, agentic/
                                 config_checks.py, data/sources.py
 
 ``roll_ds/config/`` imports none of the components it collects from (they sit above it and import
@@ -145,7 +145,7 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += length_problems(cfg, check_files=check_files)
     problems += algorithm_problems(cfg)
     problems += async_problems(cfg)
-    problems += component_problems("colocation", cfg)  # roll_ds/pipeline/colocation.py
+    problems += component_problems("colocation", cfg)  # roll_ds/pipeline/colocation/checks.py
     problems += component_problems("evaluation", cfg)  # validation sampling, save_best
     problems += device_problems(cfg)
     problems += component_problems("weight_sync_layout", cfg)  # transport vs shared GPUs

@@ -24,7 +24,7 @@ from typing import Any
 
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.strategies import STRATEGY_SPECS
-from roll_ds.pipeline.colocation import GENERATE, SYNC, Choreography, colocated_parity
+from roll_ds.pipeline.colocation.choreography import GENERATE, SYNC, Choreography
 from roll_ds.pipeline.engines import RolloutEngines
 
 OFF, COLOCATED, ON_ROLLOUT, AFTER_SYNC = "off", "colocated", "on_rollout", "after_sync"
@@ -126,6 +126,7 @@ class PolicySync:
     ) -> dict[str, float]:
         from roll_ds.weight_sync.parity import (
             check_parity,
+            colocated_parity,
             default_max_abs_diff,
             defer_parity,
             probe_batch,

@@ -32,7 +32,8 @@ from roll_ds.distributed.batch import Batch
 from roll_ds.export import export_run_step, hf_step_dir
 from roll_ds.models.shipped import resolve_pretrain
 from roll_ds.pipeline.batch_advantages import batch_advantages, mismatch_metrics
-from roll_ds.pipeline.colocation import GENERATE, TRAIN, Choreography, ColocationPlan
+from roll_ds.pipeline.colocation.choreography import GENERATE, TRAIN, Choreography
+from roll_ds.pipeline.colocation.plan import ColocationPlan
 from roll_ds.pipeline.engines import RolloutEngines
 from roll_ds.pipeline.evaluation import evaluate_policy
 from roll_ds.pipeline.logprobs import OldLogprobs, fill_logprobs

@@ -21,7 +21,7 @@ from roll_ds.agentic.episode import Episode
 from roll_ds.agentic.runner import EpisodeRunner, Sample, TurnLimits, TurnRequest
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
-from roll_ds.pipeline.colocation import GENERATE, Choreography
+from roll_ds.pipeline.colocation.choreography import GENERATE, Choreography
 from roll_ds.pipeline.engines import RolloutEngines
 from roll_ds.pipeline.packing import pack_episodes, rollout_metrics
 from roll_ds.pipeline.rollout_queue import InFlight, RolloutQueue

@@ -15,13 +15,8 @@ from typing import Any
 
 from roll_ds.config.checks.lengths import longest_sequence
 from roll_ds.config.schema import RLVRConfig
-from roll_ds.pipeline.colocation import (
-    TRACE_FILE,
-    Choreography,
-    ColocationPlan,
-    cluster_runner,
-    plan_colocation,
-)
+from roll_ds.pipeline.colocation.choreography import TRACE_FILE, Choreography, cluster_runner
+from roll_ds.pipeline.colocation.plan import ColocationPlan, plan_colocation
 from roll_ds.pipeline.passes import schedule_steps
 from roll_ds.strategy import StrategyContext
 from roll_ds.threads import role_threads
@@ -145,7 +140,7 @@ def choreography(
 
 def initialize_roles(clusters: dict[str, Any], colocation: Choreography, roles: list[str]) -> None:
     """Initialize ``roles`` stage by stage: roles that share the rollout engines' GPUs start
-    after them (colocation.py: why); the reward roles load meanwhile."""
+    after them (colocation/choreography.py: why); the reward roles load meanwhile."""
     for stage in colocation.start_stages(roles):
         pending = [clusters[n].submit("initialize") for n in stage]
         for call in pending:

@@ -68,9 +68,9 @@ class StrategyWorker(Worker):
 
     @register(Dispatch.ALL)
     def offload_states(self, **kwargs: Any) -> dict[str, int] | None:
-        """Free device memory for a colocated role (``roll_ds/pipeline/colocation.py``);
-        ``kwargs`` are the strategy's (a rollout engine's: ``level``). Returns the device
-        memory afterwards (``device_memory``)."""
+        """Free device memory for a colocated role
+        (``roll_ds/pipeline/colocation/choreography.py``); ``kwargs`` are the strategy's (a
+        rollout engine's: ``level``). Returns the device memory afterwards (``device_memory``)."""
         self.strategy.offload_states(**kwargs)
         return device_memory()
 

@@ -10,7 +10,7 @@ token before them (left padding and each row's first token have no log-prob).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +135,37 @@ def check_parity(
     pending = defer_parity(train, infer, probe, max_abs_diff=max_abs_diff, what=what)
     metrics = pending.finish(infer.submit("probe_logprobs", Batch(dict(probe))).get())
     metrics["sync/parity_seconds"] = time.perf_counter() - start
+    return metrics
+
+
+def colocated_parity(
+    train: Any,
+    infer: Any,
+    probe: Mapping[str, Any],
+    *,
+    max_abs_diff: float | None,
+    what: str,
+    between: Callable[[], None],
+) -> dict[str, float]:
+    """``check_parity`` for colocated roles: the trainer scores the probe while it is loaded,
+    ``between()`` then offloads it and wakes the engines' KV cache (policy_sync enters the
+    colocation's generate phase), and the engines score it; never both on the GPU at once."""
+    from roll_ds.distributed.batch import Batch
+
+    started = time.perf_counter()
+    batch = Batch(dict(probe))
+    trainer_BT = train.submit("compute_logprobs", batch, key="logprobs", temperature=1.0).get()
+    between()
+    rollout_BT = infer.submit("probe_logprobs", batch).get()
+    metrics = compare(
+        trainer_BT["logprobs"],
+        rollout_BT,
+        probe["attention_mask"],
+        max_abs_diff=max_abs_diff,
+        role=infer.name,
+        what=what,
+    )
+    metrics["sync/parity_seconds"] = time.perf_counter() - started
     return metrics
 
 

@@ -22,7 +22,7 @@ for _name, _target in {
     # (cfg) the transport against the device ids (no NCCL between ranks sharing a GPU)
     "weight_sync_layout": "roll_ds.weight_sync.select:layout_problems",
     # (cfg) the colocation section
-    "colocation": "roll_ds.pipeline.colocation:colocation_problems",
+    "colocation": "roll_ds.pipeline.colocation.checks:colocation_problems",
     # (cfg) validation sampling fields, save_best
     "evaluation": "roll_ds.pipeline.eval_metrics:eval_config_problems",
     # (cfg) the agentic section: environments, tools, parsers

@@ -1,4 +1,4 @@
-"""The colocation choreography (roll_ds/pipeline/colocation.py): who is managed, in which order
+"""The colocation choreography (roll_ds/pipeline/colocation/): who is managed, in which order
 roles start, the transitions of each phase, the trace, the orders that raise, validation, and
 what DeepSpeed's offload_states can move per ZeRO setup. A fake runner stands in for the
 roles' Ray actors."""
@@ -10,18 +10,17 @@ import json
 import pytest
 
 from roll_ds.config import ConfigError, load_config
-from roll_ds.pipeline.colocation import (
+from roll_ds.pipeline.colocation.choreography import (
     GENERATE,
     SYNC,
     TRAIN,
     Choreography,
     ColocationError,
-    ColocationPlan,
     ColocationState,
     Transition,
     phase_transitions,
-    plan_colocation,
 )
+from roll_ds.pipeline.colocation.plan import ColocationPlan, plan_colocation
 from strategies.deepspeed.offload import OFFLOAD_STATES, offload_targets
 
 GPU_16 = "rlvr_qwen2.5_7b_lora_zero3_16gpu"

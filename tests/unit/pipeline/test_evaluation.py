@@ -224,7 +224,8 @@ def _cfg(**validation):
 
 
 def _phase(cfg, engines):
-    from roll_ds.pipeline.colocation import Choreography, ColocationPlan
+    from roll_ds.pipeline.colocation.choreography import Choreography
+    from roll_ds.pipeline.colocation.plan import ColocationPlan
     from roll_ds.pipeline.engines import RolloutEngines
     from roll_ds.pipeline.rollout_phase import RolloutPhase
     from roll_ds.pipeline.tasks import Tasks
