@@ -1,6 +1,6 @@
 """Run an untrusted Python program with stdin; get its output, exit status and an error category.
 
-What a program in the sandbox meets (the launcher, :mod:`roll_ds.rewards.sandbox_launcher`,
+What a program in the sandbox meets (the launcher, :mod:`roll_ds.sandbox.launcher`,
 sets it up; see its doc for the order of the steps):
 
 * **User**: never the worker's: when the worker is root the program runs as ``sandbox_uid`` /
@@ -13,7 +13,7 @@ sets it up; see its doc for the order of the steps):
 * **Resources**: ``RLIMIT_CPU`` (the wall timeout rounded up), ``RLIMIT_AS`` (``memory_mb``),
   ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE=0``; a wall-clock timeout after which the
   run is killed; stdout and stderr read up to ``max_output_bytes`` each, killed beyond. Where
-  the host offers cgroup v2 with memory, pids and cpu (:mod:`roll_ds.rewards.sandbox_cgroup`),
+  the host offers cgroup v2 with memory, pids and cpu (:mod:`roll_ds.sandbox.cgroup`),
   a cgroup per run bounds its processes together (``memory_mb``, ``max_processes``, one core);
   elsewhere :meth:`Sandbox.probe` logs once that limits are per process only.
 * **Files**: a minimal root of its own (``pivot_root`` into a tmpfs): the interpreter's
@@ -62,7 +62,7 @@ import threading
 import time
 from dataclasses import dataclass, fields
 
-from roll_ds.rewards import sandbox_cgroup
+from roll_ds.sandbox import cgroup as cgroups
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ CATEGORIES = (
     "runtime_error",
     "sandbox_error",
 )
-LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 SETUP_TIMEOUT_S = 30.0  # launcher start + namespaces, before the program's own clock starts
 KILL_GRACE_S = 2.0  # after SIGTERM to the launcher, SIGKILL to the whole process group
 _CHUNK = 1 << 16
@@ -271,9 +271,9 @@ class Sandbox:
     def _probe_cgroup(self) -> None:
         """Decide once whether runs get a cgroup; say once when they do not."""
         try:
-            parent, reason = sandbox_cgroup.find_parent()
+            parent, reason = cgroups.find_parent()
             if parent is not None:
-                sandbox_cgroup.RunCgroup.create(parent, self.limits).remove()
+                cgroups.RunCgroup.create(parent, self.limits).remove()
         except OSError as e:
             parent, reason = None, f"cannot make a cgroup ({e})"
         self.cgroup_parent, self.cgroup_reason = parent, reason
@@ -321,10 +321,10 @@ class Sandbox:
                 except OSError as e:  # its processes are killed; only the directory is left
                     logger.warning("code sandbox: cannot remove %s (%s)", cgroup.path, e)
 
-    def _new_cgroup(self) -> sandbox_cgroup.RunCgroup | None:
+    def _new_cgroup(self) -> cgroups.RunCgroup | None:
         if self.cgroup_parent is None:
             return None
-        return sandbox_cgroup.RunCgroup.create(self.cgroup_parent, self.limits)
+        return cgroups.RunCgroup.create(self.cgroup_parent, self.limits)
 
     def _config(self, workdir: str, namespaces: bool, cgroup_path: str | None) -> dict:
         lim = self.limits
@@ -359,7 +359,7 @@ class Sandbox:
         return max(1, math.ceil(self.limits.timeout_s))
 
     def _run_in(
-        self, workdir: str, namespaces: bool, cgroup: sandbox_cgroup.RunCgroup | None
+        self, workdir: str, namespaces: bool, cgroup: cgroups.RunCgroup | None
     ) -> SandboxResult:
         status_r, status_w = os.pipe()
         try:
