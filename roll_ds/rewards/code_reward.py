@@ -42,7 +42,7 @@ from typing import Any
 
 from roll_ds.rewards.base import GroundTruth, RewardFn, RewardOutput, RewardSample
 from roll_ds.sandbox import NETWORK_ISOLATION, Sandbox, SandboxLimits, SandboxResult
-from roll_ds.sandbox.run import last_exception
+from roll_ds.sandbox.result import last_exception
 
 logger = logging.getLogger(__name__)
 

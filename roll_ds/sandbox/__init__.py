@@ -6,19 +6,16 @@ outside this package, and only the standard library.
 
 * :mod:`roll_ds.sandbox.run` - :class:`Sandbox` (probe the kernel once, then run programs) and
   what a program in it meets;
+* :mod:`roll_ds.sandbox.limits` / :mod:`roll_ds.sandbox.result` - what a run may use
+  (:class:`SandboxLimits`), what it gave (:class:`SandboxResult`) and its error category;
 * :mod:`roll_ds.sandbox.launcher` - the in-sandbox half, started by file path under ``python
   -I -S -B`` (standard library only);
 * :mod:`roll_ds.sandbox.cgroup` - the per-run cgroup v2 limits where the host offers them.
 """
 
-from roll_ds.sandbox.run import (
-    CATEGORIES,
-    NETWORK_ISOLATION,
-    Sandbox,
-    SandboxLimits,
-    SandboxResult,
-    SandboxUnavailable,
-)
+from roll_ds.sandbox.limits import NETWORK_ISOLATION, SandboxLimits
+from roll_ds.sandbox.result import CATEGORIES, SandboxResult
+from roll_ds.sandbox.run import Sandbox, SandboxUnavailable
 
 __all__ = [
     "CATEGORIES",

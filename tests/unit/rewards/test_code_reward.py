@@ -25,7 +25,7 @@ from roll_ds.rewards.code_reward import (
 )
 from roll_ds.sandbox import SandboxResult
 from roll_ds.sandbox.launcher import interpreter_files
-from roll_ds.sandbox.run import classify, last_exception
+from roll_ds.sandbox.result import classify, last_exception
 
 
 def test_parse_tests_accepts_both_shapes_and_names_what_is_wrong():
