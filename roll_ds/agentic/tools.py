@@ -135,11 +135,11 @@ _SANDBOX: Any = None  # one per process, probed on first use
 
 
 def _run_python(arguments: dict[str, Any]) -> str:
-    """The ``python`` tool: run ``code`` in the code reward's sandbox (``network_isolation:
+    """The ``python`` tool: run ``code`` in the code sandbox (``network_isolation:
     required``: where the kernel cannot isolate, the tool fails and says why); stdout, or the
     error the model sees."""
     global _SANDBOX
-    from roll_ds.rewards.sandbox import Sandbox
+    from roll_ds.sandbox import Sandbox
 
     if _SANDBOX is None:
         _SANDBOX = Sandbox()

@@ -2,7 +2,7 @@ r"""``code``: the response is a Python program, scored by running it against tes
 
 The program is the last ```` ```python ```` (or ```` ```py ````) fenced block of the response,
 else its last ```` ``` ```` block, else the whole response. Each test runs in a fresh
-:class:`~roll_ds.rewards.sandbox.Sandbox` (its own namespaces and minimal root, an unprivileged
+:class:`~roll_ds.sandbox.run.Sandbox` (its own namespaces and minimal root, an unprivileged
 user, rlimits, a cgroup where the host offers one, no network); see that module for what is and
 is not isolated.
 
@@ -41,13 +41,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from roll_ds.rewards.base import GroundTruth, RewardFn, RewardOutput, RewardSample
-from roll_ds.rewards.sandbox import (
-    NETWORK_ISOLATION,
-    Sandbox,
-    SandboxLimits,
-    SandboxResult,
-    last_exception,
-)
+from roll_ds.sandbox import NETWORK_ISOLATION, Sandbox, SandboxLimits, SandboxResult
+from roll_ds.sandbox.result import last_exception
 
 logger = logging.getLogger(__name__)
 

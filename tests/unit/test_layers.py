@@ -44,6 +44,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # save, and ``python -m roll_ds.export`` runs it
     ("models / algorithms", ("roll_ds.models", "roll_ds.algorithms", "roll_ds.export")),
     ("strategy contracts", ("roll_ds.strategy",)),
+    # the code sandbox: the code reward and the agentic python tool both run programs in it
+    ("sandbox", ("roll_ds.sandbox",)),
     (
         "weight_sync / distributed / rewards / data / agentic",
         (

@@ -1,6 +1,6 @@
 """Run an untrusted Python program with stdin; get its output, exit status and an error category.
 
-What a program in the sandbox meets (the launcher, :mod:`roll_ds.rewards.sandbox_launcher`,
+What a program in the sandbox meets (the launcher, :mod:`roll_ds.sandbox.launcher`,
 sets it up; see its doc for the order of the steps):
 
 * **User**: never the worker's: when the worker is root the program runs as ``sandbox_uid`` /
@@ -13,7 +13,7 @@ sets it up; see its doc for the order of the steps):
 * **Resources**: ``RLIMIT_CPU`` (the wall timeout rounded up), ``RLIMIT_AS`` (``memory_mb``),
   ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE=0``; a wall-clock timeout after which the
   run is killed; stdout and stderr read up to ``max_output_bytes`` each, killed beyond. Where
-  the host offers cgroup v2 with memory, pids and cpu (:mod:`roll_ds.rewards.sandbox_cgroup`),
+  the host offers cgroup v2 with memory, pids and cpu (:mod:`roll_ds.sandbox.cgroup`),
   a cgroup per run bounds its processes together (``memory_mb``, ``max_processes``, one core);
   elsewhere :meth:`Sandbox.probe` logs once that limits are per process only.
 * **Files**: a minimal root of its own (``pivot_root`` into a tmpfs): the interpreter's
@@ -51,7 +51,6 @@ import json
 import logging
 import math
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -60,25 +59,14 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, fields
 
-from roll_ds.rewards import sandbox_cgroup
+from roll_ds.sandbox import cgroup as cgroups
+from roll_ds.sandbox.limits import NETWORK_ISOLATION, SandboxLimits
+from roll_ds.sandbox.result import SandboxResult, classify
 
 logger = logging.getLogger(__name__)
 
-NETWORK_ISOLATION = ("required", "best_effort", "off")
-#: error categories of a run ("ok": exited 0); the code reward adds "passed" / "wrong_answer"
-CATEGORIES = (
-    "ok",
-    "timeout",
-    "memory",
-    "output_limit",
-    "process_limit",
-    "syntax_error",
-    "runtime_error",
-    "sandbox_error",
-)
-LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 SETUP_TIMEOUT_S = 30.0  # launcher start + namespaces, before the program's own clock starts
 KILL_GRACE_S = 2.0  # after SIGTERM to the launcher, SIGKILL to the whole process group
 _CHUNK = 1 << 16
@@ -94,89 +82,6 @@ REFUSAL_HINT = (
 
 class SandboxUnavailable(RuntimeError):
     """The kernel refuses the isolation the configuration requires."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SandboxLimits:
-    """Per-run limits; small defaults because test programs are tiny."""
-
-    timeout_s: float = 5.0  # wall clock of the program (RLIMIT_CPU: this, rounded up)
-    memory_mb: int = 512  # RLIMIT_AS (address space; Python itself needs ~30 MB)
-    file_size_mb: int = 4  # RLIMIT_FSIZE: largest file the program may write
-    max_processes: int = 8  # RLIMIT_NPROC in the user namespace, the program included
-    max_open_files: int = 64  # RLIMIT_NOFILE
-    max_output_bytes: int = 1 << 20  # per stream; more is killed as "output_limit"
-    workdir_mb: int = 16  # size of the tmpfs work dir
-
-    def problems(self, prefix: str = "") -> list[str]:
-        """Out-of-range values, each naming its field."""
-        out = []
-        t = self.timeout_s
-        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0 < t <= 3600):
-            out.append(f"{prefix}timeout_s: {self.timeout_s!r}; use seconds in (0, 3600]")
-        minimum = {"memory_mb": 64, "max_processes": 1, "max_open_files": 16}
-        for f in fields(self):
-            if f.name == "timeout_s":
-                continue
-            value, low = getattr(self, f.name), minimum.get(f.name, 1)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                out.append(f"{prefix}{f.name}: {value!r}; use an integer >= {low}")
-        return out
-
-
-@dataclass
-class SandboxResult:
-    """What a run gave. ``category`` is one of :data:`CATEGORIES`; ``wall_s`` counts from the
-    program's start (after the sandbox setup); ``exit_code`` / ``signal`` are None when unknown
-    (killed launcher, setup failure)."""
-
-    stdout: str
-    stderr: str
-    category: str
-    exit_code: int | None = None
-    signal: int | None = None
-    wall_s: float = 0.0
-    cpu_s: float | None = None
-    detail: str = ""
-    pids: tuple[int, ...] = ()  # host pids of the launcher and the program
-    pid_ns: str | None = None  # the program's pid namespace, e.g. "pid:[4026532291]"
-
-
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
-
-
-def last_exception(stderr: str) -> str | None:
-    """Name of the exception that ended a Python program (last line of its traceback)."""
-    lines = stderr.strip().splitlines()
-    m = _EXC_LINE.match(lines[-1].strip()) if lines else None
-    return m.group(1) if m else None
-
-
-def classify(
-    *,
-    stopped_for: str | None,
-    exit_code: int | None,
-    sig: int | None,
-    cpu_s: float | None,
-    cpu_limit_s: int,
-    stderr: str,
-) -> str:
-    """The error category of a finished run (pure; see :data:`CATEGORIES`)."""
-    if stopped_for is not None:
-        return stopped_for
-    if sig is not None:
-        over_cpu = cpu_s is not None and cpu_s >= cpu_limit_s - 0.05
-        return "timeout" if over_cpu or sig == signal.SIGXCPU else "runtime_error"
-    if exit_code == 0:
-        return "ok"
-    exc = last_exception(stderr)
-    if exc == "MemoryError":
-        return "memory"
-    if exc in ("SyntaxError", "IndentationError", "TabError"):
-        return "syntax_error"
-    if exc == "BlockingIOError" and "Resource temporarily unavailable" in stderr:
-        return "process_limit"  # fork() refused by RLIMIT_NPROC
-    return "runtime_error"
 
 
 class Sandbox:
@@ -271,9 +176,9 @@ class Sandbox:
     def _probe_cgroup(self) -> None:
         """Decide once whether runs get a cgroup; say once when they do not."""
         try:
-            parent, reason = sandbox_cgroup.find_parent()
+            parent, reason = cgroups.find_parent()
             if parent is not None:
-                sandbox_cgroup.RunCgroup.create(parent, self.limits).remove()
+                cgroups.RunCgroup.create(parent, self.limits).remove()
         except OSError as e:
             parent, reason = None, f"cannot make a cgroup ({e})"
         self.cgroup_parent, self.cgroup_reason = parent, reason
@@ -321,10 +226,10 @@ class Sandbox:
                 except OSError as e:  # its processes are killed; only the directory is left
                     logger.warning("code sandbox: cannot remove %s (%s)", cgroup.path, e)
 
-    def _new_cgroup(self) -> sandbox_cgroup.RunCgroup | None:
+    def _new_cgroup(self) -> cgroups.RunCgroup | None:
         if self.cgroup_parent is None:
             return None
-        return sandbox_cgroup.RunCgroup.create(self.cgroup_parent, self.limits)
+        return cgroups.RunCgroup.create(self.cgroup_parent, self.limits)
 
     def _config(self, workdir: str, namespaces: bool, cgroup_path: str | None) -> dict:
         lim = self.limits
@@ -359,7 +264,7 @@ class Sandbox:
         return max(1, math.ceil(self.limits.timeout_s))
 
     def _run_in(
-        self, workdir: str, namespaces: bool, cgroup: sandbox_cgroup.RunCgroup | None
+        self, workdir: str, namespaces: bool, cgroup: cgroups.RunCgroup | None
     ) -> SandboxResult:
         status_r, status_w = os.pipe()
         try:

@@ -1,6 +1,6 @@
-"""The in-sandbox half of :mod:`roll_ds.rewards.sandbox`: isolates itself, then runs the program.
+"""The in-sandbox half of :mod:`roll_ds.sandbox.run`: isolates itself, then runs the program.
 
-Run by the sandbox as ``python -I -S -B sandbox_launcher.py STATUS_FD CONFIG_JSON`` in a fresh
+Run by the sandbox as ``python -I -S -B launcher.py STATUS_FD CONFIG_JSON`` in a fresh
 session (its own process group); it imports only the standard library because ``-I -S`` leaves
 ``roll_ds`` and site-packages off ``sys.path``. Python 3.11 has no ``os.unshare``, hence ctypes.
 It runs under the interpreter the program will run under, so it finds that interpreter's files

@@ -83,7 +83,7 @@ class RunCgroup:
     @classmethod
     def create(cls, parent: str, limits) -> RunCgroup:
         """A new cgroup under ``parent`` with the limits of a
-        :class:`~roll_ds.rewards.sandbox.SandboxLimits`."""
+        :class:`~roll_ds.sandbox.limits.SandboxLimits`."""
         path = os.path.join(parent, f"roll_ds_sandbox-{os.getpid()}-{next(_names)}")
         os.mkdir(path)
         try:

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from roll_ds.rewards.sandbox import Sandbox
+from roll_ds.sandbox import Sandbox
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from roll_ds.rewards.base import RewardSample
 from roll_ds.rewards.build import build_reward_fn
 from roll_ds.rewards.code_reward import CodeReward
 from roll_ds.rewards.registry import REWARD_FNS
-from roll_ds.rewards.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
+from roll_ds.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SQUARE_TESTS = json.dumps({"tests": [{"input": "3\n", "output": "9\n"}]})

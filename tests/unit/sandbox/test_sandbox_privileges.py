@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roll_ds.rewards import sandbox_cgroup
-from roll_ds.rewards.sandbox import REFUSAL_HINT, Sandbox, SandboxLimits
+from roll_ds.sandbox import Sandbox, SandboxLimits
+from roll_ds.sandbox import cgroup as sandbox_cgroup
+from roll_ds.sandbox.run import REFUSAL_HINT
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the worker runs as root only in images")
@@ -31,7 +32,7 @@ START = """
 import json, sys
 from roll_ds.rewards.base import RewardSample
 from roll_ds.rewards.code_reward import CodeReward
-from roll_ds.rewards.sandbox import SandboxUnavailable
+from roll_ds.sandbox import SandboxUnavailable
 fn = CodeReward(num_workers=1, timeout_s=5.0, network_isolation=sys.argv[1])
 if len(sys.argv) > 2:  # an interpreter the sandbox user can run (the fallback's)
     fn.sandbox.python = sys.argv[2]
@@ -160,9 +161,7 @@ def test_cluster_files_state_the_container_options_of_the_refusal():
 @as_root
 def test_best_effort_runs_the_program_as_the_sandbox_user(monkeypatch, shared_tmp, nobody_python):
     """Namespaces refused (simulated) and the worker is root: the program is nobody anyway."""
-    from roll_ds.rewards import sandbox as sandbox_mod
-
-    monkeypatch.setattr(sandbox_mod.Sandbox, "_namespaces_work", lambda self: (False, "refused"))
+    monkeypatch.setattr(Sandbox, "_namespaces_work", lambda self: (False, "refused"))
     box = Sandbox(
         SandboxLimits(timeout_s=5), "best_effort", tmp_dir=shared_tmp, python=nobody_python
     )
