@@ -216,6 +216,9 @@ class RLVRPipeline:
     def train_one_step(self, step: int) -> dict[str, float]:
         """One step: sync -> rollout -> log-probs -> advantages -> train."""
         timings: dict[str, float] = {}
+        if self.queue is not None and not self.policy_sync.streaming:
+            with timed(timings, "rollout_wait"):  # mode batch: the steps in flight finish first
+                self.queue.wait_for_sync()
         with timed(timings, "sync"):
             metrics = self.sync_weights(before_rollout=True)
         with timed(timings, "rollout"):

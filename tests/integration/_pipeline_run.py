@@ -110,3 +110,22 @@ def assert_same_metrics(
         assert got[step].keys() == want[step].keys()
         for key, value in want[step].items():
             assert got[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+
+
+def served_syncs(rows: list[dict]) -> dict[int, dict]:
+    """For each train step's row, the ``sync/*`` metrics of the sync that put the weights it
+    sampled with into the engines: the step's own or, where an evaluation at the end of the
+    step before had synced them already (``eval/sync/*`` in that row), that evaluation's."""
+    by_step = {r["step"]: r for r in rows}
+    out = {}
+    for row in rows:
+        if row["step"] == 0:
+            continue
+        if "sync/parity_max_abs_diff" in row:
+            out[row["step"]] = {k: v for k, v in row.items() if k.startswith("sync/")}
+        else:
+            before = by_step[row["step"] - 1]
+            out[row["step"]] = {
+                k.removeprefix("eval/"): v for k, v in before.items() if k.startswith("eval/sync/")
+            }
+    return out

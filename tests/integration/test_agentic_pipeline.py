@@ -13,7 +13,13 @@ import json
 from pathlib import Path
 
 import pytest
-from _pipeline_run import assert_same_metrics, metrics, run, sigkill_after_first_checkpoint
+from _pipeline_run import (
+    assert_same_metrics,
+    metrics,
+    run,
+    served_syncs,
+    sigkill_after_first_checkpoint,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +106,7 @@ def test_agentic_run_trains_on_multi_turn_episodes(straight: Path):
         # the trainer's recomputation (fp32, T=0.8): observation tokens between turns did not
         # shift anything
         assert row["rollout/mismatch_abs_logprob_diff"] < 1e-4
-        assert row["sync/parity_max_abs_diff"] < 1e-4
+        assert served_syncs(rows)[row["step"]]["sync/parity_max_abs_diff"] < 1e-4
     assert "eval/success" in rows[0] and "eval/success" in rows[-1]
     run_dir = straight / CONFIG
     dumped = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]

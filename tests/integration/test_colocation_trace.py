@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _pipeline_run import metrics, run
+from _pipeline_run import metrics, run, served_syncs
 
 from roll_ds.config.compose import PROJECT_ROOT
 
@@ -61,7 +61,8 @@ def two_colocated_steps(out_dir: Path, *extra: str) -> list[dict]:
     rows = metrics(out_dir)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        assert row["sync/parity_max_abs_diff"] < 1e-4  # the engine served the synced weights
+        # the engine served the synced weights
+        assert served_syncs(rows)[row["step"]]["sync/parity_max_abs_diff"] < 1e-4
         assert row["colocation/seconds"] >= 0
     return rows
 
@@ -76,5 +77,6 @@ def test_hf_infer_rollouts_sleep_in_the_same_order_as_vllm(tmp_path: Path):
     assert "actor_infer.strategy_args.strategy_name=hf_infer" in GPU_CHECK
     rows = two_colocated_steps(tmp_path, *GPU_CHECK)
     for row in rows:
-        assert row["sync/bytes"] > 0 and row["sync/receivers"] == 1
+        sync = served_syncs(rows)[row["step"]]
+        assert sync["sync/bytes"] > 0 and sync["sync/receivers"] == 1
         assert not any(k.endswith("_mib") for k in row)  # memory figures come from GPUs only

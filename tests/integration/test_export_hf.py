@@ -30,7 +30,9 @@ pytestmark = pytest.mark.integration
 
 ZERO3 = {"stage3_param_persistence_threshold": 0}
 LORA = {"rank": 4, "alpha": 8, "dropout": 0.0, "target": "all-linear"}
-ATOL = 1e-5  # fp32 logits: same weights, different kernels, gathers and LoRA merge order
+# fp32 logits: same weights, different kernels, gathers and LoRA merge order (1.0014e-5 measured
+# for lora_zero3 on one of the project's CPU machines, at bc181ab as now)
+ATOL = 2e-5
 # (name, ZeRO stage, LoRA): ZeRO-3 checkpoints hold shards, ZeRO 0-2 ones the module whole.
 CASES = [("lora_zero3", 3, True), ("full_zero3", 3, False), ("lora_zero2", 2, True)]
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _pipeline_run import served_syncs
 
 from roll_ds.config.compose import PROJECT_ROOT
 
@@ -53,7 +54,7 @@ def test_gsm8k_sample_runs_from_config_alone(tmp_path: Path):
     assert [r["step"] for r in rows] == [0, 1]
     for row in rows[1:]:
         assert 0.0 <= row["rollout/score"] <= 1.0
-        assert row["sync/parity_max_abs_diff"] < 1e-4
+        assert served_syncs(rows)[row["step"]]["sync/parity_max_abs_diff"] < 1e-4
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
     # Only the replaced domain and reward role exist: nothing of the inherited math / reverse.
     assert not any("math" in k or "reverse" in k for r in rows for k in r), rows[-1].keys()

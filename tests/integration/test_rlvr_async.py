@@ -21,6 +21,7 @@ from _pipeline_run import (
     command,
     metrics,
     run,
+    served_syncs,
     sigkill_after_first_checkpoint,
 )
 
@@ -46,12 +47,13 @@ def test_batches_are_one_version_old_and_corrected(straight: Path):
     # Step 1 trains on the batch the initial weights generated: on-policy. Every later batch
     # was generated while the step before it trained, by the weights before that step.
     assert [r["rollout/staleness"] for r in train_rows] == [0.0, 1.0, 1.0, 1.0]
+    served = served_syncs(rows)
     for row in train_rows:
-        assert row["sync/parity_max_abs_diff"] < 1e-4
+        assert served[row["step"]]["sync/parity_max_abs_diff"] < 1e-4
         # pi_t, not the stale rollout's; on-policy (step 1) the default's auto reuses vLLM's
         assert row["actor/old_logprobs_recomputed"] == float(row["rollout/staleness"] > 0)
         assert "actor/tis_weight_mean" in row  # TIS is on (tis_cap null -> 2.0 under async)
-        assert "time/rollout_wait" in row and "time/sync_after" in row
+        assert "time/rollout_wait" in row  # mode batch: the sync waits for the step ahead
     # On-policy, the rollout's log-probs are the trainer's; one version later they are not.
     assert train_rows[0]["rollout/mismatch_abs_logprob_diff"] < 1e-4
     assert all(r["rollout/mismatch_abs_logprob_diff"] > 1e-3 for r in train_rows[1:])
@@ -61,7 +63,7 @@ def test_batches_are_one_version_old_and_corrected(straight: Path):
 def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: Path):
     assert sigkill_after_first_checkpoint(tmp_path, *ASYNC) == "step_000002"
     checkpoint = tmp_path / "rlvr_lora_zero3" / "checkpoints" / "step_000002"
-    assert (checkpoint / "rollouts_in_flight.npz").is_file()  # step 3's batch, generated ahead
+    assert (checkpoint / "rollouts_in_flight.json").is_file()  # step 3's, played ahead
     resumed = run(tmp_path, *ASYNC, "resume_from_checkpoint=latest")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert_same_metrics(tmp_path, straight, steps=(3, 4))
@@ -111,18 +113,20 @@ def test_streaming_two_versions_ahead_then_sigkill_and_resume(tmp_path: Path):
     flight at a checkpoint are stored with it: the resumed run trains on them."""
     assert sigkill_after_first_checkpoint(tmp_path, *STREAM) == "step_000002"
     checkpoint = tmp_path / "rlvr_lora_zero3" / "checkpoints" / "step_000002"
-    import numpy as np
+    import json
 
-    with np.load(checkpoint / "rollouts_in_flight.npz") as saved:  # steps 2 and 3, per token
-        assert {"0.token_versions.flat", "1.token_versions.flat"} <= set(saved.files)
+    saved = json.loads((checkpoint / "rollouts_in_flight.json").read_text())
+    assert [s["step"] for s in saved] == [2, 3]  # played ahead, every token's version kept
+    assert all(len(e["token_versions"]) == len(e["token_ids"]) for e in saved[0]["episodes"])
     resumed = run(tmp_path, *STREAM, "resume_from_checkpoint=latest")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     rows = {r["step"]: r for r in metrics(tmp_path)}
     assert sorted(rows) == [0, 1, 2, 3, 4]
+    served = served_syncs(list(rows.values()))
     for step in (1, 2, 3, 4):
         row = rows[step]
         assert 0.0 <= row["rollout/staleness_mean"] <= row["rollout/staleness"] <= 2.0, row
-        assert row["sync/parity_max_abs_diff"] < 1e-4
+        assert served[step]["sync/parity_max_abs_diff"] < 1e-4
         assert "time/rollout_wait" not in row  # the sync does not wait for the batches
     assert rows[1]["rollout/staleness"] == 0.0  # the first batch: the initial weights only
     assert "sync/pause_s" in rows[2]

@@ -10,7 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _pipeline_run import assert_same_metrics, metrics, run, sigkill_after_first_checkpoint
+from _pipeline_run import (
+    assert_same_metrics,
+    metrics,
+    run,
+    served_syncs,
+    sigkill_after_first_checkpoint,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -23,11 +29,12 @@ def straight(tmp_path_factory) -> Path:
     return out
 
 
-def assert_rollout_is_the_trainers(row: dict) -> None:
-    """The sync's parity probe, and the step's sampled tokens scored by the trainer: recomputed
-    old log-probs (``rollout/mismatch_*``) or, where vLLM's were reused, the train forward's
-    ratio to them (SMALL makes one optimizer step per train step: no update before it)."""
-    assert row["sync/parity_max_abs_diff"] < 1e-4
+def assert_rollout_is_the_trainers(row: dict, sync: dict) -> None:
+    """The parity probe of the sync that served the step (``sync``), and the step's sampled
+    tokens scored by the trainer: recomputed old log-probs (``rollout/mismatch_*``) or, where
+    vLLM's were reused, the train forward's ratio to them (SMALL makes one optimizer step per
+    train step: no update before it)."""
+    assert sync["sync/parity_max_abs_diff"] < 1e-4
     assert row["rollout/mismatch_abs_logprob_diff"] < 1e-4
     assert abs(row["actor/ratio_max"] - 1.0) < 1e-4, row["actor/ratio_max"]
 
@@ -35,6 +42,7 @@ def assert_rollout_is_the_trainers(row: dict) -> None:
 def test_pipeline_runs_and_reports(straight: Path):
     rows = metrics(straight)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    served = served_syncs(rows)
     for row in rows[1:]:
         for key in (
             "rollout/score",
@@ -51,7 +59,7 @@ def test_pipeline_runs_and_reports(straight: Path):
             assert key in row, key
         # After every sync vLLM's log-probs equal the trainer's (fp32): on the probe batch (raw
         # model, T=1) and on the sampled tokens of the step (both at T=0.8).
-        assert_rollout_is_the_trainers(row)
+        assert_rollout_is_the_trainers(row, served[row["step"]])
         # the default's old_logprobs=auto: the parity just shown lets vLLM's numbers stand in
         assert row["actor/old_logprobs_recomputed"] == 0.0
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
@@ -83,11 +91,12 @@ def test_adapter_sync_over_a_collective_group(straight: Path, tmp_path: Path):
     assert result.returncode == 0, result.stderr[-4000:]
     rows = metrics(tmp_path)
     merged = {r["step"]: r for r in metrics(straight)}
+    merged_syncs = served_syncs(metrics(straight))
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        assert_rollout_is_the_trainers(row)
+        assert_rollout_is_the_trainers(row, row)
         # r16 adapters on every linear layer of the 428k-parameter model: 0.31 MB vs 1.7 MB
-        assert row["sync/bytes"] < merged[row["step"]]["sync/bytes"] / 4
+        assert row["sync/bytes"] < merged_syncs[row["step"]]["sync/bytes"] / 4
     # Step 1 samples from the untrained adapter (lora_B = 0): the same rollouts as merged.
     for key in ("rollout/score", "rollout/response_length"):
         assert rows[0][key] == pytest.approx(merged[1][key], rel=1e-6), key
@@ -111,7 +120,7 @@ def test_two_steps_across_vllms_process_boundary(tmp_path: Path):
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        assert_rollout_is_the_trainers(row)
+        assert_rollout_is_the_trainers(row, row)  # no evaluation: every step syncs
 
 
 def test_bad_data_fails_before_training_with_file_and_line(tmp_path: Path):

@@ -9,6 +9,9 @@ was recomputed with the new weights, not reused).
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 pytest.importorskip("vllm")
@@ -93,10 +96,17 @@ def test_a_sync_between_decode_steps_switches_versions_mid_sample(any_engine, hf
     new_model = {k: v.clone() for k, v in hf_model.state_dict().items()}
     try:
         engine.load_weights(iter(hf_model.named_parameters()))
+        # generate() would block the caller that must resume: refused while paused
         with pytest.raises(RuntimeError, match="paused"):
-            engine.collect("long")
-        engine.resume_generation(1)
-        out = engine.collect("long")
+            engine.generate(batch[:1], n=1, max_new_tokens=2, seed=1)
+        # collect() runs on a thread of its own (the rollout worker's stream_wait group): it
+        # waits across the pause and returns once the resumed requests finish
+        with ThreadPoolExecutor(1) as pool:
+            collected = pool.submit(engine.collect, "long")
+            time.sleep(0.5)
+            assert not collected.done()
+            engine.resume_generation(1)
+            out = collected.result(timeout=120)
     finally:
         with torch.no_grad():
             hf_model.load_state_dict(old_model)
