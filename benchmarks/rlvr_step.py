@@ -24,8 +24,8 @@ from pathlib import Path
 MODELS = ("embedded", "qwen2-20m")  # accepted by --models, see model_overrides
 
 # "rollout" is generation plus reward scoring, also reported apart. Under async_generation
-# "rollout_generate" is only the part of generation the step waited for, "rollout_wait" the
-# wait for the next batch after training and "sync_after" the sync at the end of the step.
+# "rollout_generate" is only the part of generation the step waited for, and "rollout_wait"
+# (mode batch) the wait for the steps in flight before the step's sync.
 PHASES = (
     "sync",
     "rollout",
@@ -35,7 +35,6 @@ PHASES = (
     "advantage",
     "train",
     "rollout_wait",
-    "sync_after",
     "step",
 )
 

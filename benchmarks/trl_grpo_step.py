@@ -196,7 +196,6 @@ def phase_row(step_s: float, batch: Mapping[str, float]) -> dict[str, float]:
         "advantage": batch["prepare"] - rollout - batch["logprobs"],
         "train": step_s - batch["prepare"],
         "rollout_wait": 0.0,  # one process, nothing overlaps
-        "sync_after": 0.0,
         "step": step_s,
     }
 

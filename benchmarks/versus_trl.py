@@ -93,6 +93,7 @@ def table(model: str, results: list[dict]) -> str:
         samples_s = r["samples_per_step"] / step_s(r)
         tokens_s = r["generated_tokens_per_step"] / step_s(r)
         median = {**r["median_s"]}
+        # results written before the one rollout path timed the async sync apart
         median["sync"] = median.get("sync", 0.0) + median.get("sync_after", 0.0)
         phases = " / ".join(f"{median.get(p, 0.0):.2f}" for p in PHASES)
         ratio = f"   {step_s(best) / step_s(r):.2f}x" if best and r is not best else ""
