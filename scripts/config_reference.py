@@ -158,7 +158,8 @@ def walk() -> tuple[list[Section], list[str]]:
             kind, child = _unwrap(hints[field.name])
             doc = docs.get((cls.__name__, field.name)) or docs.get(_declaring(cls, field.name))
             if not doc:
-                problems.append(f"{path}.{field.name} ({cls.__name__}): no description")
+                key = f"{path}.{field.name}" if path else field.name
+                problems.append(f"{key} ({cls.__name__}): no comment in the schema to describe it")
             value = getattr(instance, field.name) if instance is not None else _default(field)
             link = None
             if kind != "value":
@@ -175,7 +176,7 @@ def walk() -> tuple[list[Section], list[str]]:
         if any(s.path == path for s in sections):
             return
         if path not in READERS:
-            problems.append(f"{path}: no reader in scripts/config_reference.py READERS")
+            problems.append(f"{path}: no reader in scripts/config_reference_tables.py READERS")
         intro = _markdown(docstrings.get(cls.__name__, ""))
         section = Section(path, cls, intro, READERS.get(path, ""), [])
         sections.append(section)
@@ -210,7 +211,9 @@ def walk() -> tuple[list[Section], list[str]]:
     top.keys = keys_of(schema.RLVRConfig, "", None, None)
     for key in top.keys:
         if key.link is None and key.name not in grouped:
-            problems.append(f"{key.name}: no group in scripts/config_reference.py TOP_LEVEL_GROUPS")
+            problems.append(
+                f"{key.name}: no group in scripts/config_reference_tables.py TOP_LEVEL_GROUPS"
+            )
     return sections, problems
 
 
