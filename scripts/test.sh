@@ -5,7 +5,7 @@
 #   bash scripts/test.sh                  # unit + integration tests (what CI runs)
 #   bash scripts/test.sh -m "not integration"   # extra arguments go to pytest
 #   ROLL_DS_SLOW=1 bash scripts/test.sh   # also the slow end-to-end tests
-#   bash scripts/test.sh -m gpu           # every GPU test, on a CUDA machine (see README.md)
+#   bash scripts/test.sh -m gpu           # every GPU test, on a CUDA machine (docs/cluster.md)
 #
 # Selecting the gpu marker (`-m gpu`, `-m "gpu and not slow"`) on a machine with an NVIDIA GPU
 # sets up the GPU flavour (scripts/setup.sh gpu: upstream vLLM); anything else, and any machine
