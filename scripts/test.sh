@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the checks CI runs: ruff lint + format check, then pytest.
+# Set up (if needed) and run the checks CI runs: ruff lint + format check, the docs build, then
+# pytest.
 #
 #   bash scripts/test.sh                  # unit + integration tests (what CI runs)
 #   bash scripts/test.sh -m "not integration"   # extra arguments go to pytest
 #   ROLL_DS_SLOW=1 bash scripts/test.sh   # also the slow end-to-end tests
-#   bash scripts/test.sh -m gpu           # every GPU test, on a CUDA machine (see README.md)
+#   bash scripts/test.sh -m gpu           # every GPU test, on a CUDA machine (docs/cluster.md)
 #
 # Selecting the gpu marker (`-m gpu`, `-m "gpu and not slow"`) on a machine with an NVIDIA GPU
 # sets up the GPU flavour (scripts/setup.sh gpu: upstream vLLM); anything else, and any machine
@@ -31,6 +32,8 @@ venv="${ROLL_DS_VENV:-.venv}"
 
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
+# The documentation site (docs/, mkdocs.yml): any warning fails, a broken link or anchor too.
+NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet
 
 marker=(-m "not slow")
 [ "${ROLL_DS_SLOW:-0}" = 1 ] && marker=()

@@ -53,21 +53,24 @@ class EnvSpecConfig:
     ``truncation_side``: left (keep the end), right (keep the start) or middle (keep both ends:
     the start of a tool's output and the end of a traceback)."""
 
-    env_type: str = MISSING
-    env_config: dict[str, Any] = field(default_factory=dict)
-    max_actions_per_traj: int = 5
-    max_tokens_per_step: int = 32
+    env_type: str = MISSING  # a name in roll_ds.agentic.registry.ENVS, or module:Class
+    env_config: dict[str, Any] = field(default_factory=dict)  # the environment's kwargs
+    max_actions_per_traj: int = 5  # turns per episode at most
+    max_tokens_per_step: int = 32  # policy tokens per turn at most
+    # Each reply message cut to this many tokens (not the first observation); null: no cap.
     max_observation_tokens: int | None = 1024
-    observation_truncation_side: str = "middle"
+    observation_truncation_side: str = "middle"  # left | right | middle: the side cut
 
 
 @dataclass
 class EnvManagerConfig:
-    num_env_groups: int = 0
+    num_env_groups: int = 0  # GRPO groups of episodes (training: of rollout_batch_size)
+    # Episodes per group, sharing one environment seed (training: the GRPO group size).
     group_size: int = 1
-    tags: list[str] = field(default_factory=list)
-    num_groups_partition: list[int] | None = None
-    max_env_num_per_worker: int = 256  # environments one environment worker hosts
+    tags: list[str] = field(default_factory=list)  # custom_envs tags to play; empty: none
+    num_groups_partition: list[int] | None = None  # groups per tag; null: split evenly
+    # Kept for ROLL compatibility; not read: episodes spread over agentic.num_env_workers.
+    max_env_num_per_worker: int = 256
 
 
 @dataclass
@@ -79,7 +82,7 @@ class AgenticConfig:
     # per_turn: turn t's tokens get the discounted return from turn t, normalised by its
     # group's episode returns (turn_gamma the discount)
     reward_mode: str = "trajectory"
-    turn_gamma: float = 1.0
+    turn_gamma: float = 1.0  # per_turn: the discount across turns
     # Environment seeds: training groups' are drawn below val_seed_offset from (seed, step),
     # held-out group g's is val_seed_offset + g, so no held-out episode is ever trained on.
     val_seed_offset: int = 1_000_000

@@ -1,6 +1,6 @@
-"""The README's agentic promise, end to end: `python run.py --config-name agentic_lora_zero3`
-(40 steps of the embedded agent model on guess_number and calculator) raises held-out episode
-success in both environments.
+"""The docs' agentic promise (docs/agentic.md), end to end: `python run.py --config-name
+agentic_lora_zero3` (40 steps of the embedded agent model on guess_number and calculator) raises
+held-out episode success in both environments.
 
 A few minutes on the 2-core box; in the `slow` tier (`ROLL_DS_SLOW=1 bash scripts/test.sh`).
 """
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CONFIG = "agentic_lora_zero3"
 # Least rise of eval/<env>/success from step 0 to step 40 that the test accepts (issue 21's
-# goal); the README's table gives the measured range over seeds.
+# goal); docs/benchmarks.md's table gives the measured range over seeds.
 MARGIN = 0.15
 
 

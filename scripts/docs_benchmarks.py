@@ -1,0 +1,372 @@
+"""Render the measured tables of docs/benchmarks.md and README.md from the benchmarks' JSON.
+
+    python scripts/docs_benchmarks.py           # rewrite the generated blocks of both pages
+    python scripts/docs_benchmarks.py --check   # exit 1 if one is stale
+
+docs/benchmarks.md (and the README's two tables) is hand-written prose (what ran, where,
+when, what it means) with blocks between ``<!-- generated: NAME -->`` and
+``<!-- end generated -->``; each block is rendered here from ``benchmarks/results/*.json`` (and
+``docs/async_vs_sync.json``, the learning curves ``benchmarks/learning_curves.py`` drew). No
+number in a block is typed by hand: ``tests/unit/docs/test_docs_generated.py`` fails while a
+block differs from its JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BLOCK = re.compile(
+    r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S
+)
+
+
+def _load(name: str) -> Any:
+    path = ROOT / name if "/" in name else RESULTS / f"{name}.json"
+    return json.loads(path.read_text())
+
+
+def _s(value: float) -> str:
+    """Seconds as the tables print them: two decimals, 0 below half a hundredth."""
+    return "0" if abs(value) < 0.005 else f"{value:.2f}"
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --- step time versus TRL (benchmarks/versus_trl.py) ------------------------------------------
+
+RUNS = {  # versus_trl's `who` -> (the row's label, its old log-probs cell or None for the number)
+    "roll_ds sync": ("ours, sync (the default)", None),
+    "roll_ds sync_recompute": (
+        "ours, sync, `old_logprobs=recompute` (in the train step)",
+        "(in train)",
+    ),
+    "roll_ds sync_compiled": ("ours, sync, vLLM compiled", None),
+    "roll_ds stream2_rollout": ("ours, stream k=2, `old_logprobs=rollout`", None),
+    "TRL 2 thread(s)": ("TRL 2 threads", None),
+}
+VERSUS_TRL = [  # (file, the block's label, labels that differ in this block)
+    ("versus_trl_embedded", "embedded (0.43M, ~4 tokens/response)", {}),
+    ("versus_trl_20m", "~20M Qwen2 (48 tokens/response)", {}),
+    (
+        "versus_trl_20m_zero2",
+        "~20M, the ZeRO-2 preset",
+        {"roll_ds sync": ("ours, sync", None)},
+    ),
+    (
+        "versus_trl_bf16_20m",
+        "~20M, bf16 on both sides",
+        {
+            "roll_ds sync": ("ours, sync (`old_logprobs: auto` recomputes in bf16)", "(in train)"),
+            "TRL 2 thread(s)": ("TRL 2 threads, bf16", None),
+        },
+    ),
+]
+
+
+def versus_trl() -> str:
+    rows = []
+    for name, block, labels in VERSUS_TRL:
+        runs = next(iter(_load(name).values()))
+        trl = next(r for r in runs if r.get("engine") == "trl")
+        for i, run in enumerate(runs):
+            label, old = {**RUNS, **labels}[run["who"]]
+            m = run["median_s"]
+            if run is trl:
+                step = run["step_s"]
+                phases = [m["rollout_generate"], m["logprobs"], m["train"]]
+                cells = [*map(_s, phases), "-"]
+                ratio = ""
+            else:
+                step = m["step"]
+                stream = "stream" in run["who"]
+                gen = "(overlapped)" if stream else _s(m["rollout_generate"])
+                sync = m["sync_after"] if stream else m["sync"]
+                cells = [gen, old or _s(m["logprobs"]), _s(m["train"]), _s(sync)]
+                ratio = _x(trl["step_s"] / step).removesuffix("x")
+            rows.append([block if i == 0 else "", label, _s(step), " / ".join(cells), ratio])
+    return _table(["model", "run", "s/step", "phases", "x vs TRL 2 threads"], rows)
+
+
+# --- learning curves (benchmarks/learning_curves.py) ------------------------------------------
+
+CURVES = "docs/async_vs_sync.json"
+CURVE_LABELS = {
+    "sync": "`rlvr_lora_zero3` (the default)",
+    "async (max_staleness 1)": "`async_generation.max_staleness=1`",
+    "async, rollout log-probs as old": "`max_staleness=1 algorithm.old_logprobs=rollout`",
+}
+
+
+def _curve_rows(variants: list[str]) -> list[list[str]]:
+    data = _load(CURVES)
+    rows = []
+    for variant in variants:
+        for i, (seed, curve) in enumerate(zip(data["seeds"], data["curves"][variant], strict=True)):
+            values = [v for _, v in curve]
+            gain = 100 * (values[-1] - values[0])
+            steps = " / ".join(f"{v:g}" for v in values)
+            label = CURVE_LABELS[variant] if i == 0 else ""
+            rows.append([label, str(seed), steps, f"{gain:+.1f} points"])
+    return rows
+
+
+def learning_default() -> str:
+    return _table(
+        ["run", "seed", "steps 0 / 10 / 20 / 30 / 40", "gain at step 40"], _curve_rows(["sync"])
+    )
+
+
+def learning_async() -> str:
+    data = _load(CURVES)
+    return _table(
+        ["run", "seed", "steps 0 / 10 / 20 / 30 / 40", "gain at step 40"],
+        _curve_rows(list(data["curves"])),
+    )
+
+
+def readme_learning() -> str:
+    rows = [row[1:] for row in _curve_rows(["sync"])]
+    return _table(["seed", "held-out accuracy, steps 0 / 10 / 20 / 30 / 40", "gain"], rows)
+
+
+README_SPEED = [  # (file, the row's label)
+    ("versus_trl_embedded", "embedded tiny Qwen2 (0.43M), fp32"),
+    ("versus_trl_20m", "~20M Qwen2, fp32"),
+    ("versus_trl_bf16_20m", "~20M Qwen2, bf16"),
+]
+
+
+def readme_speed() -> str:
+    rows = []
+    for name, label in README_SPEED:
+        runs = {r["who"]: r for r in next(iter(_load(name).values()))}
+        trl = runs["TRL 2 thread(s)"]["step_s"]
+        sync = runs["roll_ds sync"]["median_s"]["step"]
+        stream = runs["roll_ds stream2_rollout"]["median_s"]["step"]
+        rows.append(
+            [
+                label,
+                f"{_s(sync)} s ({_x(trl / sync)})",
+                f"{_s(stream)} s ({_x(trl / stream)})",
+                f"{_s(trl)} s",
+            ]
+        )
+    header = ["model", "roll_ds, default", "roll_ds, stream k=2", "TRL GRPOTrainer, 2 threads"]
+    return _table(header, rows)
+
+
+# --- micro-batches by tokens and packing (benchmarks/train_packing.py) ------------------------
+
+
+def _speedups(name: str) -> dict[str, str]:
+    d = _load(name)["speedups_vs_rows_padded"]
+    return {
+        k: f"train {_x(v['train_s'])}, log-probs {_x(v['logprobs_s'])}"
+        for k, v in d.items()
+        if k != "rows_padded"
+    }
+
+
+def _packing_rows(names: list[str], first: Callable[[dict], str]) -> list[list[str]]:
+    rows = []
+    for name in names:
+        s = _speedups(name)
+        cells = [s.get(k, "") for k in ("rows_packed", "tokens", "tokens_packed")]
+        rows.append([first(_load(name)), *cells])
+    return rows
+
+
+def packing_cpu() -> str:
+    names = ["train_packing_b2264", "train_packing_b1132", "train_packing_b566"]
+    rows = _packing_rows(names, lambda d: f"{d['budget']}")
+    return _table(["budget (tokens)", "packing alone", "budget", "budget + packing"], rows)
+
+
+def packing_h100() -> str:
+    names = ["train_packing_h100", "train_packing_h100_long"]
+    first = lambda d: (  # noqa: E731
+        f"{d['rows']} rows up to {d['width']} tokens, micro {d['micro']} x {d['accum']}, "
+        f"budget {d['budget']}"
+    )
+    return _table(
+        ["batch", "packing alone", "budget", "budget + packing"], _packing_rows(names, first)
+    )
+
+
+# --- LoRA under ZeRO-3 (benchmarks/zero3_frozen_base.py) --------------------------------------
+
+VARIANTS = {
+    "zero2": "the ZeRO-2 preset",
+    "zero3_partition": "ZeRO-3, base partitioned",
+    "zero3_persist": "ZeRO-3, base partitioned, `stage3_param_persistence_threshold: 1e12`",
+    "zero3_whole": "ZeRO-3, base whole, adapter at stage 3",
+}
+ZERO3 = {  # file -> what its `zero3_auto` ran (the shipped preset's auto, as it was then)
+    "zero3_frozen_base": "base whole, adapter at stage 3 (before `zero3_adapter_stage`)",
+    "zero3_frozen_base_embedded": "",
+    "zero3_frozen_base_fp32_16x2": "",
+    "zero3_frozen_base_h100": "base whole, adapter at stage 2 (auto is stage 1 now)",
+}
+
+
+def zero3_frozen_base(name: str) -> str:
+    d = _load(name)
+    s = d["settings"]
+    argv = d["argv"][: d["argv"].index("--out")] if "--out" in d["argv"] else d["argv"]
+    lines = [
+        f"`python benchmarks/zero3_frozen_base.py {' '.join(argv)}`: {s['model']}, {s['dtype']}, "
+        f"{s['world_size']} rank(s), LoRA r{s['lora_rank']}, {s['micro_batch']} x {s['accum']} "
+        f"rows of {s['seq_len']} tokens per rank, medians of {s['rounds']} rounds x "
+        f"{s['repeats']} repeats.",
+        "",
+    ]
+    rows = []
+    for variant, r in d["summary"].items():
+        label = VARIANTS.get(variant) or f"the preset's auto: {ZERO3[name]}"
+        rows.append(
+            [
+                label,
+                _s(r["train_step_s"]),
+                _s(r["compute_logprobs_s"]),
+                _s(r["cpu_s"]),
+                f"{max(r['param_mib_per_rank']):.1f}",
+                _x(r["total_vs_zero3_partition"]),
+                _x(r["cpu_vs_zero3_partition"]),
+            ]
+        )
+    header = [
+        "variant",
+        "train step s",
+        "log-probs s",
+        "CPU s",
+        "weights MiB/rank",
+        "wall vs partitioned",
+        "CPU vs partitioned",
+    ]
+    return "\n".join(lines) + "\n" + _table(header, rows)
+
+
+# --- the GPU check (scripts/gpu/check.sh) -----------------------------------------------------
+
+LEARNING_PREFIXES = ("actor/", "rollout/", "eval/")
+
+
+def gpu_check() -> str:
+    d = _load("gpu_check_h200")
+    gpu, packages, runs = d["versions"]["gpu"], d["versions"]["packages"], d["rlvr"]["runs"]
+    test = d["pytest"]
+    parity = max(p["sync/parity_max_abs_diff"] for p in d["rlvr"]["parity"])
+    resume = d["rlvr"]["resume"]
+    learned = {
+        k: v
+        for k, v in resume["max_abs_diff_per_metric"].items()
+        if k.startswith(LEARNING_PREFIXES)
+    }
+    offload = [
+        m["colocation/actor_train_offload_allocated_mib"] for m in d["rlvr"]["memory_mib_per_step"]
+    ]
+    eval_acc = [r["eval/accuracy"] for r in d["rlvr"]["learning"] if "eval/accuracy" in r]
+    rows = [[st["stage"], str(st["rc"]), f"{st['seconds']} s"] for st in d["stages"]]
+    skips = "; ".join(f"{reason} ({n})" for reason, n in test["skip_reasons"].items())
+    steps = resume["compared_steps"]
+    lines = [
+        f"One {gpu['name']} ({gpu['memory_gib']} GiB), torch {packages['torch']}, DeepSpeed "
+        f"{packages['deepspeed']}, Ray {packages['ray']}, no vLLM "
+        f"(`benchmarks/results/gpu_check_h200.json`).",
+        "",
+        _table(["stage", "exit", "time"], rows),
+        "",
+        f"- RLVR run, {runs['steps']} steps, overrides `{' '.join(runs['overrides'])}`: "
+        f"{runs['straight']['seconds']:g} s uninterrupted; a second run SIGKILLed after its "
+        f"`{runs['killed']['checkpoint']}` checkpoint ({runs['killed']['seconds_to_kill']:g} s, "
+        f"{runs['killed']['processes_in_tree']} processes, "
+        f"{len(runs['killed']['outlived_kill'])} outlived the kill) and resumed in "
+        f"{runs['resumed']['seconds']:g} s.",
+        f"- Resumed against uninterrupted, steps {steps[0]}-{steps[-1]}: largest difference over "
+        f"{len(learned)} learning and eval metrics {max(learned.values()):g}.",
+        f"- Parity after each sync: max |delta| {parity:.2g} at most.",
+        f"- Trainer offloaded while the rollout generates: {min(offload):.0f}-{max(offload):.0f} "
+        f"MiB left allocated on the GPU; eval accuracy at step {runs['steps']}: {eval_acc[-1]:g}.",
+        f"- `pytest -m gpu`: {test['passed']} passed, {test['failed']} failed, {test['errors']} "
+        f"errors, {test['skipped']} skipped ({skips}).",
+    ]
+    return "\n".join(lines)
+
+
+# --- the page ---------------------------------------------------------------------------------
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "versus-trl": versus_trl,
+    "learning-default": learning_default,
+    "learning-async": learning_async,
+    "packing-cpu": packing_cpu,
+    "packing-h100": packing_h100,
+    "gpu-check": gpu_check,
+    **{name.replace("_", "-"): (lambda n=name: zero3_frozen_base(n)) for name in ZERO3},
+}
+
+
+PAGES: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/benchmarks.md": BLOCKS,
+    "README.md": {"readme-learning": readme_learning, "readme-speed": readme_speed},
+}
+
+
+def render_page(page: str, text: str) -> str:
+    """``text`` (of ``page``) with every generated block rendered anew; every block the page
+    has a generator for must be on it."""
+    blocks, found = PAGES[page], []
+
+    def fill(match: re.Match) -> str:
+        name = match["name"]
+        if name not in blocks:
+            raise ValueError(f"{page}: no generator for block {name!r}")
+        found.append(name)
+        return f"{match[1]}\n{blocks[name]()}\n\n{match[4]}"
+
+    out = BLOCK.sub(fill, text)
+    missing = sorted(set(blocks) - set(found))
+    if missing:
+        raise ValueError(f"{page} lacks the generated blocks {missing}")
+    return out
+
+
+def stale_pages() -> list[str]:
+    """The pages whose generated blocks differ from their JSON."""
+    return [p for p in PAGES if render_page(p, (ROOT / p).read_text()) != (ROOT / p).read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_pages()
+        for page in stale:
+            print(f"{page} is stale: run python scripts/docs_benchmarks.py")
+        return 1 if stale else 0
+    for page in PAGES:
+        path = ROOT / page
+        path.write_text(render_page(page, path.read_text()))
+        print(f"wrote {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
