@@ -105,8 +105,8 @@ def require_fp16_support(what: str) -> None:
         else f"the {name} device reports no fp16"
     )
     raise ValueError(
-        f"{what}: DeepSpeed's {name} accelerator refuses fp16 here ({why}); set "
-        "model_args.dtype: bf16 or fp32"
+        f"{what}: DeepSpeed's {name} accelerator refuses fp16 here (is_fp16_supported() is "
+        f"False: {why}); set model_args.dtype: bf16 or fp32"
     )
 
 
