@@ -294,6 +294,22 @@ def build_deepspeed_config(
     return cfg
 
 
+def fp16_train_problems(ds_config: Mapping[str, Any], where: str) -> list[str]:
+    """Problems of a built training config (``build_deepspeed_config``'s output) with fp16 on:
+    DeepSpeed 0.19's ``engine.backward`` scales the loss only for its ZeRO optimizers (stages
+    1-3). At stage 0 its fp16 optimizer still divides the gradients by the loss scale at every
+    step, so the update shrinks by ``2**initial_scale_power`` and an overflow is never seen
+    (measured on the CPU accelerator: with ``initial_scale_power: 40`` the weights stayed
+    unchanged and no step was skipped)."""
+    if not (ds_config.get("fp16") or {}).get("enabled") or zero_stage(ds_config) != 0:
+        return []
+    return [
+        f"{where}.fp16: fp16 training needs ZeRO stage 1, 2 or 3 (DeepSpeed scales the loss only "
+        "for its ZeRO optimizers; at stage 0 the loss scale would shrink every update); use "
+        "${deepspeed_zero2} or ${deepspeed_zero3}, or model_args.dtype: bf16"
+    ]
+
+
 def frozen_base_mode(ds_config: Mapping[str, Any], inputs: DeepSpeedInputs) -> str:
     """``whole`` or ``partitioned``: where a stage-3 config keeps the frozen base (module doc).
     Without LoRA there is no frozen base: always ``partitioned``."""

@@ -28,7 +28,8 @@ from roll_ds.distributed.batch import Batch
 from roll_ds.pipeline.workers import TRAIN_METRICS
 
 SUMMED = ("optimizer_steps",)  # counted over passes; every other metric is averaged
-LAST = ("lr",)  # the LR of the last pass
+# the LR, the fp16 loss scale and the run's skipped-step count after the last pass
+LAST = ("lr", "train/loss_scale", "train/overflow_steps")
 
 
 def pass_orders(num_rows: int, ppo_epochs: int, seed: int) -> list[list[int]]:
@@ -104,8 +105,9 @@ def train_passes(
     (``{role: rows per rank per optimizer step}``) gets it dealt by tokens (``balance_ranks``).
     ``fill_old_logprobs`` (one pass): the actor's train step computes the batch's
     ``old_logprobs`` as it trains (``train_step_with_old_logprobs``) and they are added to
-    ``batch`` in its own row order. Metrics: ``actor_train``'s unprefixed (``grad_norm``, ``lr``,
-    ...) as the loss names them, the critic's under ``critic/``."""
+    ``batch`` in its own row order. Metrics: ``actor_train``'s as the strategy and loss name
+    them (``grad_norm``, ``lr``, ``train/*``, ``perf/*``, ``actor/*``), the critic's under
+    ``critic/``."""
     if fill_old_logprobs and ppo_epochs != 1:
         raise ValueError("old log-probs come from the train step only in a single pass")
     parts = {
@@ -145,7 +147,11 @@ def train_passes(
     metrics = merge_pass_metrics(per_pass["actor_train"])
     if "critic" in jobs:
         critic = merge_pass_metrics(per_pass["critic"])
-        metrics.update({k if "/" in k else f"critic/{k}": v for k, v in critic.items()})
+        # the value loss names its own critic/*; the trainer's (grad_norm, train/*, perf/*) get
+        # the prefix, so the actor's keep theirs
+        metrics.update(
+            {k if k.startswith("critic/") else f"critic/{k}": v for k, v in critic.items()}
+        )
     return metrics
 
 

@@ -107,6 +107,10 @@ class RolloutPhase:
         batch = self._scored_batch(step, episodes, stats)
         stats["time/rollout_generate"] = timings["generate_s"] if self.queue is None else waited
         stats["time/rollout_env"] = timings["env_s"]
+        # async: per second waited for the step's rollouts, the rest overlapped training
+        stats["perf/generate_tokens_per_s"] = stats.pop("rollout/generated_tokens") / max(
+            stats["time/rollout_generate"], 1e-9
+        )
         stats["rollout/staleness"] = staleness[0]
         if self.tasks.row_groups and self.queue is not None:
             stats["rollout/staleness_mean"] = staleness[1]
@@ -149,6 +153,7 @@ class RolloutPhase:
         started = time.perf_counter()
         penalty = self._score(episodes)
         stats["time/rollout_reward"] = time.perf_counter() - started
+        stats["rollout/generated_tokens"] = _generated_tokens(episodes)  # step_batch's rate
         stats.update(rollout_metrics(episodes, penalty))
         if not algo.dynamic_sampling:
             return self._pack(episodes, padding=0)
@@ -169,6 +174,7 @@ class RolloutPhase:
             stats["time/rollout_generate"] = stats.get("time/rollout_generate", 0.0) + (
                 time.perf_counter() - started
             )
+            stats["rollout/generated_tokens"] += _generated_tokens(episodes)
             self._score(episodes)
         flat, padding = fit_groups(kept, spare, cfg.rollout_batch_size)
         stats["rollout/kept_group_fraction"] = len(kept) / max(drawn, 1)
@@ -206,3 +212,8 @@ def _scores(episodes: list[Episode]) -> Any:
     import torch
 
     return torch.tensor([e.total_reward for e in episodes], dtype=torch.float32)
+
+
+def _generated_tokens(episodes: list[Episode]) -> int:
+    """The policy tokens the engines generated for ``episodes`` (every turn's)."""
+    return sum(sum(e.policy_mask) for e in episodes)

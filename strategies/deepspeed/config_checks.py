@@ -11,6 +11,7 @@ from roll_ds.config.deepspeed import (
     DeepSpeedInputs,
     build_deepspeed_config,
     check_deepspeed_config,
+    fp16_train_problems,
 )
 from roll_ds.config.schema import WorkerConfig
 
@@ -43,7 +44,10 @@ def strategy_config_problems(
         dtype=role.model_args.dtype,
     )
     try:
-        build_deepspeed_config(ds, inputs)
+        built = build_deepspeed_config(ds, inputs)
     except DeepSpeedConfigError as exc:
         problems += [line.replace("strategy_config", field, 1) for line in str(exc).splitlines()]
+        return problems
+    if role.strategy_args.strategy_name == "deepspeed_train":
+        problems += fp16_train_problems(built, field)
     return problems

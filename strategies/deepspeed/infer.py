@@ -21,9 +21,9 @@ from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config, ze
 from roll_ds.config.schema import ModelArgs, WorkerConfig
 from roll_ds.models.loading import load_causal_lm, resolve_model_path
 from roll_ds.models.reward_model import check_head, forward_scores, load_reward_model
-from roll_ds.platform import current_platform
 from roll_ds.strategy import StrategyContext
 from strategies import _common
+from strategies.deepspeed.loading import require_fp16_support
 from strategies.deepspeed.zero import (
     batched_forward,
     batched_logprobs,
@@ -84,8 +84,8 @@ class DeepSpeedInferStrategy:
         self.model_path = resolve_model_path(self.model_path)
         hidden = getattr(AutoConfig.from_pretrained(self.model_path), "hidden_size", None)
         dtype = self.model_args.dtype
-        if dtype == "fp16" and not current_platform().is_cuda:
-            raise ValueError("fp16 needs a CUDA device; set model_args.dtype: bf16 or fp32")
+        if dtype == "fp16":
+            require_fp16_support("fp16 inference")
         self.ds_config = build_deepspeed_config(
             self.strategy_config,
             DeepSpeedInputs(

@@ -23,6 +23,7 @@ import torch
 from roll_ds.config.deepspeed import (
     DeepSpeedInputs,
     build_deepspeed_config,
+    fp16_train_problems,
     frozen_base_whole,
     zero_stage,
 )
@@ -75,14 +76,38 @@ def build_train_ds_config(
             trainable_numel=adapter,
         ),
     )
-    if (cfg.get("fp16") or {}).get("enabled") and not current_platform().is_cuda:
-        raise ValueError(
-            "fp16 training needs a CUDA device (DeepSpeed's CPU accelerator has no fp16); "
-            "set model_args.dtype: bf16 or fp32"
-        )
+    if (cfg.get("fp16") or {}).get("enabled"):
+        require_fp16_support("fp16 training")
+        problems = fp16_train_problems(cfg, "strategy_config")
+        if problems:
+            raise ValueError("\n".join(problems))
     cfg.setdefault("zero_allow_untested_optimizer", True)
     cfg.setdefault("steps_per_print", 10**9)
     return cfg
+
+
+def require_fp16_support(what: str) -> None:
+    """Raise unless DeepSpeed's accelerator here runs fp16: its engine refuses fp16 ("Type fp16
+    is not supported on your device") wherever ``is_fp16_supported()`` is false. On CPU that
+    asks oneDNN for fp16 kernels (AVX512-FP16 or AMX-FP16, e.g. Intel Sapphire Rapids and
+    later); torch itself computes fp16 on any CPU, and DeepSpeed's fp16 path with dynamic loss
+    scaling then runs (tests force the query to exercise it), but the engine will not start."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.is_fp16_supported():
+        return
+    name = accelerator.device_name()
+    why = (
+        "oneDNN has no fp16 kernels on this CPU: torch.ops.mkldnn._is_mkldnn_fp16_supported() is "
+        "False; it needs AVX512-FP16 or AMX-FP16"
+        if name == "cpu"
+        else f"the {name} device reports no fp16"
+    )
+    raise ValueError(
+        f"{what}: DeepSpeed's {name} accelerator refuses fp16 here (is_fp16_supported() is "
+        f"False: {why}); set model_args.dtype: bf16 or fp32"
+    )
 
 
 def load_train_model(

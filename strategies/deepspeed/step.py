@@ -130,7 +130,9 @@ def grad_norm(module: torch.nn.Module) -> float | None:
 @dataclass
 class StepTally:
     """What a ``train_step`` reports: per-micro-batch metrics averaged, the optimizer steps
-    taken, the LR of the last one and the mean gradient norm of those that report one."""
+    taken, the LR of the last one and the mean gradient norm of those that report one and were
+    applied (a step DeepSpeed skips for an overflow has an infinite or NaN norm: it is counted
+    in ``train/overflow_steps`` instead)."""
 
     sums: dict[str, float] = field(default_factory=dict)
     steps: int = 0
@@ -142,9 +144,9 @@ class StepTally:
             value = v.detach().float().item() if isinstance(v, torch.Tensor) else float(v)
             self.sums[k] = self.sums.get(k, 0.0) + value
 
-    def add_optimizer_step(self, norm: float | None) -> None:
+    def add_optimizer_step(self, norm: float | None, *, applied: bool = True) -> None:
         self.steps += 1
-        if norm is not None:
+        if norm is not None and applied:
             self.grad_norms.append(float(norm))
 
     def result(self, micro_batches: int) -> dict[str, float]:
@@ -154,3 +156,16 @@ class StepTally:
         if self.grad_norms:
             result["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
         return result
+
+
+def loss_scale_metrics(engine: Any) -> dict[str, float]:
+    """``train/overflow_steps``: the optimizer steps DeepSpeed has skipped since the run began
+    (an fp16 overflow, or a NaN/inf gradient norm in any precision; the engine counts them in
+    ``skipped_steps`` and checkpoints the count); under fp16 also ``train/loss_scale``: the
+    dynamic loss scale after the last step (the optimizer's scaler, checkpointed with its
+    states)."""
+    metrics = {"train/overflow_steps": float(engine.skipped_steps)}
+    if engine.fp16_enabled():
+        # DeepSpeed's own reader (it logs the same value to its monitor as loss_scale)
+        metrics["train/loss_scale"] = float(engine._get_optimizer_loss_scale())
+    return metrics

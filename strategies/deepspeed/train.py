@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ from roll_ds.models.frozen_base import move_frozen_base
 from roll_ds.models.loading import resolve_model_path
 from roll_ds.models.value_model import forward_values
 from roll_ds.models.weights import adapter_config, iter_adapter_buckets, iter_weight_buckets
+from roll_ds.perf import TransformerShape, peak_flops, perf_metrics
 from roll_ds.strategy import StrategyContext
 from strategies import _common
 from strategies.deepspeed import checkpoint, export, offload
@@ -43,6 +45,7 @@ from strategies.deepspeed.step import (
     LossFn,
     StepTally,
     grad_norm,
+    loss_scale_metrics,
     mini_batch_norms,
     split_micro_batches,
     token_micro_batches,
@@ -101,6 +104,7 @@ class DeepSpeedTrainStrategy:
         self.ds_config: dict[str, Any] = {}
         self._offloaded = False
         self._dropout_free = False  # set by initialize
+        self._shape: TransformerShape | None = None  # set by initialize (perf metrics)
 
     @classmethod
     def from_worker_config(
@@ -161,6 +165,39 @@ class DeepSpeedTrainStrategy:
         )
         # a train forward with dropout is not the old policy's (train_step_with_old_logprobs)
         self._dropout_free = dropout_free(self.module)
+        self._init_perf()
+
+    def _init_perf(self) -> None:
+        """What ``perf/tflops`` and ``perf/mfu`` need (``roll_ds.perf``): the model's shape,
+        its trainable parameters under LoRA, and this device's peak at the training dtype
+        (the spec sheet's on a known GPU, else measured here once)."""
+        from transformers import AutoConfig
+
+        self._shape = None
+        try:
+            self._shape = TransformerShape.from_hf_config(
+                AutoConfig.from_pretrained(self.model_path)
+            )
+        except (ValueError, AttributeError) as exc:  # MoE, a config without the usual fields
+            logger.warning("no perf/tflops or perf/mfu for this model: %s", exc)
+            return
+        self._trainable = (
+            sum(
+                getattr(p, "ds_numel", p.numel())
+                for p in self.module.parameters()
+                if p.requires_grad
+            )
+            if self.is_lora
+            else None
+        )
+        self._peak, source = peak_flops(self.device, self.model_args.dtype)
+        logger.info(
+            "rank %d: peak %.3g TFLOP/s at %s (%s)",
+            self.rank,
+            self._peak / 1e12,
+            self.model_args.dtype,
+            source,
+        )
 
     def _forward(
         self,
@@ -211,7 +248,12 @@ class DeepSpeedTrainStrategy:
         With ``max_tokens_per_micro_batch`` each optimizer step's ``micro * accumulation`` rows
         are cut by tokens instead (``step.token_micro_batches``); the strategy then marks the
         accumulation boundary and averages over the step's own micro-batch count, so the
-        gradient is the row-count path's."""
+        gradient is the row-count path's.
+
+        Metrics beside the loss's: ``optimizer_steps``, ``lr``, ``grad_norm``,
+        ``train/overflow_steps`` and under fp16 ``train/loss_scale`` (``step.loss_scale_metrics``),
+        and this rank's ``perf/tflops``, ``perf/mfu``, ``perf/peak_tflops``: the model FLOPs of
+        its rows' real tokens (``roll_ds.perf``) over the call's wall time."""
         return self._train(batch, loss_fn, with_entropy=with_entropy, fill_old=False)[0]
 
     def train_step_with_old_logprobs(
@@ -241,6 +283,7 @@ class DeepSpeedTrainStrategy:
         with_entropy: bool,
         fill_old: bool,
     ) -> tuple[dict[str, float], OldLogprobs | None]:
+        started = time.perf_counter()
         micro = self.training_args.per_device_train_batch_size
         accum = self.training_args.gradient_accumulation_steps
         budget = self.max_tokens_per_micro_batch
@@ -293,7 +336,15 @@ class DeepSpeedTrainStrategy:
         finally:
             if budget is not None:
                 self.engine.set_gradient_accumulation_boundary(None)
-        return tally.result(len(chunks)), old
+        metrics = {**tally.result(len(chunks)), **loss_scale_metrics(self.engine)}
+        if self._shape is not None:
+            flops = self._shape.train_flops(
+                batch["attention_mask"].sum(-1).tolist(),
+                trainable_params=self._trainable,
+                value_head=self.head == "value",
+            )
+            metrics.update(perf_metrics(flops, time.perf_counter() - started, self._peak))
+        return metrics, old
 
     def _train_micro_batch(
         self,
@@ -335,7 +386,9 @@ class DeepSpeedTrainStrategy:
         tally.add_micro_batch(loss, metrics)
         if boundary:
             norm = self.engine.get_global_grad_norm()
-            tally.add_optimizer_step(own_norm if norm is None else norm)
+            tally.add_optimizer_step(
+                own_norm if norm is None else norm, applied=self.engine.was_step_applied()
+            )
         return own
 
     @property

@@ -142,4 +142,5 @@ def test_train_features(tiny_qwen2_dir):
         # bf16 forward/backward vs fp32: close, not equal (measured ~1e-3 relative).
         assert res["bf16"] == pytest.approx(accum, rel=3e-2), f"{where}: {res['bf16']} vs {accum}"
         assert 0 < res["bf16_entropy"] < 5.0  # at most log(128) = 4.85 for a 128-token vocab
-        assert "bf16" in res["fp16_error"]
+        # DeepSpeed's CPU accelerator runs fp16 only with oneDNN fp16 kernels (AVX512-FP16)
+        assert "is_fp16_supported" in res["fp16_error"] and "bf16" in res["fp16_error"]

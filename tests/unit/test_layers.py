@@ -42,7 +42,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config", ("roll_ds.config", "roll_ds.platform")),
     # export.py: a checkpoint -> an HF directory (models/weights.py); the loop calls it at each
     # save, and ``python -m roll_ds.export`` runs it
-    ("models / algorithms", ("roll_ds.models", "roll_ds.algorithms", "roll_ds.export")),
+    # perf.py: model FLOPs and device peaks (the trainers report perf/tflops, perf/mfu)
+    (
+        "models / algorithms",
+        ("roll_ds.models", "roll_ds.algorithms", "roll_ds.export", "roll_ds.perf"),
+    ),
     ("strategy contracts", ("roll_ds.strategy",)),
     # the code sandbox: the code reward and the agentic python tool both run programs in it
     ("sandbox", ("roll_ds.sandbox",)),

@@ -8,6 +8,7 @@ from roll_ds.config.deepspeed import (
     DeepSpeedInputs,
     build_deepspeed_config,
     check_deepspeed_config,
+    fp16_train_problems,
     offload_devices,
     zero_stage,
 )
@@ -78,6 +79,22 @@ def test_fp16_and_fp32():
     fp32 = build_deepspeed_config(preset("deepspeed_zero2"), inputs(dtype="fp32"))
     assert not fp32["fp16"]["enabled"]
     assert not fp32["bf16"]["enabled"]
+
+
+def test_fp16_training_needs_a_zero_optimizer():
+    # DeepSpeed scales the loss only for its ZeRO optimizers: ZeRO-0 fp16 would shrink updates
+    zero0 = build_deepspeed_config(preset("deepspeed_zero"), inputs(dtype="fp16"))
+    (problem,) = fp16_train_problems(zero0, "actor_train.strategy_args.strategy_config")
+    assert problem.startswith("actor_train.strategy_args.strategy_config.fp16: fp16 training")
+    assert "${deepspeed_zero2}" in problem and "bf16" in problem
+    for name in ("deepspeed_zero2", "deepspeed_zero3"):
+        assert (
+            fp16_train_problems(build_deepspeed_config(preset(name), inputs(dtype="fp16")), "x")
+            == []
+        )
+    assert (
+        fp16_train_problems(build_deepspeed_config(preset("deepspeed_zero"), inputs()), "x") == []
+    )
 
 
 def test_explicit_train_batch_size_is_checked():

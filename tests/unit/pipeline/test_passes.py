@@ -38,6 +38,17 @@ def test_merge_pass_metrics_sums_steps_averages_the_rest():
     assert merge_pass_metrics([{"loss": 1.5}]) == {"loss": 1.5}
 
 
+def test_merge_pass_metrics_keeps_the_last_loss_scale_and_skip_count():
+    # fp16: the scale after the last pass and the run's cumulative count of skipped steps
+    merged = merge_pass_metrics(
+        [
+            {"train/loss_scale": 65536.0, "train/overflow_steps": 1.0, "perf/tflops": 1.0},
+            {"train/loss_scale": 32768.0, "train/overflow_steps": 2.0, "perf/tflops": 3.0},
+        ]
+    )
+    assert merged == {"train/loss_scale": 32768.0, "train/overflow_steps": 2.0, "perf/tflops": 2.0}
+
+
 class FakeCluster:
     """The Ray boundary: records each train_step's row order and answers like two ranks."""
 
@@ -50,8 +61,8 @@ class FakeCluster:
         self.orders.append(batch["input_ids"][:, 0].tolist())
         self.loss_fns.append(loss_fn)
         per_rank = [
-            {"optimizer_steps": 1.0, "lr": 0.1, "grad_norm": 1.0, "loss": 2.0},
-            {"optimizer_steps": 1.0, "lr": 0.1, "grad_norm": 3.0, "loss": 4.0},
+            {"optimizer_steps": 1.0, "lr": 0.1, "grad_norm": 1.0, "loss": 2.0, "perf/mfu": 0.1},
+            {"optimizer_steps": 1.0, "lr": 0.1, "grad_norm": 3.0, "loss": 4.0, "perf/mfu": 0.3},
         ]
         return type("Pending", (), {"get": lambda self: per_rank})()
 
@@ -88,6 +99,9 @@ def test_pipeline_train_makes_ppo_epochs_passes_for_actor_and_critic(monkeypatch
     assert metrics["optimizer_steps"] == 3.0 and metrics["critic/optimizer_steps"] == 3.0
     assert metrics["grad_norm"] == 2.0 and metrics["critic/grad_norm"] == 2.0
     assert metrics["loss"] == 3.0 and metrics["critic/lr"] == 0.1
+    # the trainer's own prefixed metrics: the critic's get critic/, the actor's stay
+    assert metrics["perf/mfu"] == pytest.approx(0.2)
+    assert metrics["critic/perf/mfu"] == pytest.approx(0.2)
 
 
 def test_lr_schedule_spans_every_optimizer_step_of_the_run():
