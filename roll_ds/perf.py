@@ -145,8 +145,10 @@ def measured_peak_flops(device: str, dtype: str, threads: int) -> float:
 
     dev = torch.device(device)
     n = 2048 if dev.type == "cuda" else 512
-    a = torch.randn(n, n, device=dev).to(torch_dtype(dtype))
-    b = torch.randn(n, n, device=dev).to(torch_dtype(dtype))
+    # Its own generator: drawing from the global one would move the training run's RNG stream.
+    gen = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(n, n, device=dev, generator=gen).to(torch_dtype(dtype))
+    b = torch.randn(n, n, device=dev, generator=gen).to(torch_dtype(dtype))
 
     def sync() -> None:
         if dev.type == "cuda":
