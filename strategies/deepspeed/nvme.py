@@ -10,7 +10,8 @@ A role whose DeepSpeed config offloads to NVMe (``${deepspeed_zero3_nvme}``) nee
 - an ``nvme_path`` per offloaded section (``"auto"``: the role's directory under the run's
   output, ``roll_ds.config.deepspeed.role_nvme_dir``) that exists or can be created, is
   writable, and has room for what is swapped (``swap_bytes``): the parameters in their dtype,
-  and for the trained parameters fp32 master weights and Adam's two moments (12 bytes each).
+  and for the trained parameters fp32 master weights, Adam's two moments and the gradients (16
+  bytes each).
   DeepSpeed writes them all when the engine starts, whatever ``max_in_cpu`` keeps in host
   memory as well. Each node holds its own ranks' partitions;
 - a directory that is not memory: on tmpfs or ramfs "NVMe" is host memory, which the offload
@@ -43,7 +44,9 @@ logger = logging.getLogger(__name__)
 LIBAIO_PACKAGE = "libaio-dev"  # Debian/Ubuntu; libaio-devel on RHEL/Fedora, libaio on Arch
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-OPTIMIZER_BYTES = 12  # per trained parameter: fp32 master weight, Adam's exp_avg, exp_avg_sq
+# per trained parameter: fp32 master weight, Adam's exp_avg and exp_avg_sq, and the fp32 gradient
+# (the optimizer swapper writes gradients to NVMe too: tests/integration/test_zero3_nvme.py)
+OPTIMIZER_BYTES = 16
 IO_SUBMIT_PROGRAM = "#include <libaio.h>\nint main(void) { io_submit(0, 0, 0); return 0; }\n"
 
 
@@ -158,7 +161,7 @@ def path_problems(path: str, need_bytes: int, field: str) -> tuple[list[str], li
     if free < need_bytes:
         return [
             f"{field}: {path} has {_gib(free)} free, but ZeRO-Infinity swaps about "
-            f"{_gib(need_bytes)} there on this node (parameters in their dtype, 12 bytes per "
+            f"{_gib(need_bytes)} there on this node (parameters in their dtype, 16 bytes per "
             f"trained parameter for the optimizer); free space or choose a larger drive for {field}"
         ], warnings
     return [], warnings

@@ -46,13 +46,13 @@ def _fake_free(monkeypatch, free: int) -> None:
 
 
 def test_swap_bytes_by_hand():
-    # bf16 parameters: 2 bytes each; the optimizer: 12 bytes per trained parameter
+    # bf16 parameters: 2 bytes each; the optimizer: 16 bytes per trained parameter
     both = ("offload_param", "offload_optimizer")
-    assert nvme.swap_bytes(both, numel=1000, trained_numel=1000, dtype="bf16") == 14_000
-    assert nvme.swap_bytes(both, numel=1000, trained_numel=10, dtype="fp32") == 4_120
+    assert nvme.swap_bytes(both, numel=1000, trained_numel=1000, dtype="bf16") == 18_000
+    assert nvme.swap_bytes(both, numel=1000, trained_numel=10, dtype="fp32") == 4_160
     assert nvme.swap_bytes(["offload_param"], numel=1000, trained_numel=0, dtype="fp32") == 4000
     # two nodes, 3 of the role's 4 ranks on this one
-    assert nvme.swap_bytes(both, numel=400, trained_numel=400, dtype="bf16", share=0.75) == 4200
+    assert nvme.swap_bytes(both, numel=400, trained_numel=400, dtype="bf16", share=0.75) == 5400
 
 
 def _safetensors(path, tensors: dict[str, list[int]]) -> None:
@@ -153,8 +153,8 @@ def test_nvme_path_on_tmpfs_warns(tmp_path, caplog):
 def test_too_small_at_the_boundary(tmp_path, monkeypatch):
     path = resolve_embedded("embedded:tiny-qwen2")
     numel = nvme.model_size(path).numel
-    # fp32 full fine-tuning, both sections in one directory, one node: 4 + 12 bytes a parameter
-    need = numel * (4 + 12)
+    # fp32 full fine-tuning, both sections in one directory, one node: 4 + 16 bytes a parameter
+    need = numel * (4 + 16)
     _fake_free(monkeypatch, need)
     _nvme_run(tmp_path)  # exactly enough
     _fake_free(monkeypatch, need - 1)
@@ -170,7 +170,7 @@ def test_too_small_at_the_boundary(tmp_path, monkeypatch):
 
 def test_lora_needs_room_for_the_adapters_optimizer_only(tmp_path, monkeypatch):
     size = nvme.model_size(resolve_embedded("embedded:tiny-qwen2"))
-    need = size.numel * 4 + size.adapter_numel(16, "all-linear") * 12
+    need = size.numel * 4 + size.adapter_numel(16, "all-linear") * 16
     _fake_free(monkeypatch, need)
     overrides = ("actor_train.model_args.lora_rank=16",)
     _nvme_run(tmp_path, *overrides)
