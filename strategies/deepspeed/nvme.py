@@ -14,8 +14,9 @@ A role whose DeepSpeed config offloads to NVMe (``${deepspeed_zero3_nvme}``) nee
   bytes each).
   DeepSpeed writes them all when the engine starts, whatever ``max_in_cpu`` keeps in host
   memory as well. Each node holds its own ranks' partitions;
-- a directory that is not memory: on tmpfs or ramfs "NVMe" is host memory, which the offload
-  was meant to spare. That works, so it is a warning.
+- a file system that takes ``O_DIRECT`` (DeepSpeed opens its swap files with it), and that is
+  not memory: on tmpfs or ramfs "NVMe" is host memory, which the offload was meant to spare.
+  That works (tmpfs takes ``O_DIRECT`` since Linux 6.6), so it is a warning.
 
 Light: no torch or DeepSpeed import (the sizes are read from the safetensors headers). The
 config's checks run these on the machine that validates (``deepspeed_run_problems`` in
@@ -25,6 +26,7 @@ for its own node before building its engine.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -133,6 +135,24 @@ def _writable(directory: Path) -> bool:
     return os.access(directory, os.W_OK | os.X_OK)
 
 
+def _direct_io(directory: Path) -> bool:
+    """Whether files in ``directory`` open with ``O_DIRECT``, as DeepSpeed's async I/O opens
+    its swap files (tmpfs refuses it before Linux 6.6, and so do some FUSE and network file
+    systems): a temporary file, removed."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return True  # not Linux: DeepSpeed's op does not build there anyway
+    fd, name = tempfile.mkstemp(dir=directory, prefix=".roll_ds_direct_io_")
+    os.close(fd)
+    try:
+        os.close(os.open(name, os.O_WRONLY | flag))
+        return True
+    except OSError as exc:
+        return exc.errno != errno.EINVAL
+    finally:
+        os.unlink(name)
+
+
 def path_problems(path: str, need_bytes: int, field: str) -> tuple[list[str], list[str]]:
     """``(problems, warnings)`` of ``path`` as a swap directory for ``need_bytes``, without
     creating it: the nearest existing directory above it must be a writable directory with the
@@ -150,8 +170,14 @@ def path_problems(path: str, need_bytes: int, field: str) -> tuple[list[str], li
             f"{field}: {path} {what} for this user; choose a writable directory on a local NVMe "
             f"drive for {field}"
         ], []
-    warnings = []
     kind = filesystem_type(str(base))
+    if not _direct_io(base):
+        return [
+            f"{field}: {path} is on a file system that refuses O_DIRECT ({kind}), which "
+            f"DeepSpeed's async I/O opens its swap files with; choose a directory on a local "
+            f"drive (ext4, xfs) for {field}"
+        ], []
+    warnings = []
     if kind in MEMORY_FILESYSTEMS:
         warnings.append(
             f"{field}: {path} is on {kind}, which is memory: what is offloaded there takes host "

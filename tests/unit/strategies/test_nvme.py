@@ -150,6 +150,17 @@ def test_nvme_path_on_tmpfs_warns(tmp_path, caplog):
     assert any(f"{FIELD}: {path} is on tmpfs, which is memory" in line for line in lines), lines
 
 
+def test_file_system_without_direct_io(tmp_path, monkeypatch):
+    assert nvme._direct_io(tmp_path)  # a local disk here
+    assert list(tmp_path.iterdir()) == []  # the probe file is removed
+    monkeypatch.setattr(nvme, "_direct_io", lambda directory: False)
+    with pytest.raises(ConfigError) as err:
+        _nvme_run(tmp_path, _at(tmp_path / "swap"))
+    assert f"{FIELD}: {tmp_path / 'swap'} is on a file system that refuses O_DIRECT" in str(
+        err.value
+    )
+
+
 def test_too_small_at_the_boundary(tmp_path, monkeypatch):
     path = resolve_embedded("embedded:tiny-qwen2")
     numel = nvme.model_size(path).numel
