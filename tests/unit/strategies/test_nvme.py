@@ -218,3 +218,34 @@ def test_nvme_path_must_be_a_path():
     ds = {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}
     (problem,) = check_deepspeed_config(ds, "x")
     assert problem.startswith("x.zero_optimization.offload_param.nvme_path: NVMe offload needs")
+
+
+def test_each_rank_checks_its_share_before_its_engine(tmp_path, monkeypatch):
+    """A rank's built config (nvme_path resolved): room for its 1/dp_size share, or a
+    ValueError naming the key."""
+    import yaml
+
+    from roll_ds.config.compose import PROJECT_ROOT
+    from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config
+
+    text = (PROJECT_ROOT / "examples" / "config" / "deepspeed_zero3_nvme.yaml").read_text()
+    built = build_deepspeed_config(
+        yaml.safe_load(text)["deepspeed_zero3_nvme"],
+        DeepSpeedInputs(
+            micro_batch_size=1,
+            gradient_accumulation_steps=1,
+            dp_size=2,
+            max_grad_norm=1.0,
+            dtype="bf16",
+            nvme_dir=str(tmp_path / "actor_train"),
+            largest_numel=100,
+        ),
+    )
+    size = nvme.ModelSize(numel=1000, largest_numel=100)
+    share = (1000 * 2 + 1000 * 16) // 2  # bf16 parameters, full fine-tuning, half on this rank
+    check = dict(size=size, trained_numel=None, dtype="bf16", dp_size=2)
+    _fake_free(monkeypatch, share)
+    nvme.check_rank_nvme(built, **check)
+    _fake_free(monkeypatch, share - 1)
+    with pytest.raises(ValueError, match=r"strategy_config\.zero_optimization\.offload_optimizer"):
+        nvme.check_rank_nvme(built, **check)
