@@ -138,6 +138,10 @@ class StrategyContext:
     # context length (vllm: max_model_len) where the role's strategy_config sets none. None for
     # the other roles: the engine's own default (the model's max_position_embeddings).
     max_sequence_length: int | None = None
+    # Where the role's DeepSpeed config puts ZeRO-Infinity's swap files when its nvme_path is
+    # "auto" (roll_ds.config.deepspeed.role_nvme_dir: the role's directory under the run's
+    # output); None outside a pipeline run: such a config is then an error naming the key.
+    nvme_dir: str | None = None
 
 
 @runtime_checkable

@@ -143,6 +143,7 @@ TOP_LEVEL_GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
             "deepspeed_zero2_cpuoffload",
             "deepspeed_zero3",
             "deepspeed_zero3_cpuoffload",
+            "deepspeed_zero3_nvme",
         ),
         "composition (`roll_ds/config/replace.py`); a preset is read by the roles whose "
         "`strategy_config` names it (`${deepspeed_zero3}`), through `roll_ds/config/deepspeed.py`",

@@ -14,6 +14,23 @@ venv="${ROLL_DS_VENV:-.venv}"
 python="${PYTHON:-python3}"
 case "$flavour" in cpu|gpu) ;; *) echo "usage: bash scripts/setup.sh [cpu|gpu]" >&2; exit 2 ;; esac
 
+# libaio (headers and -laio) for DeepSpeed's async I/O op, which NVMe offload
+# (${deepspeed_zero3_nvme}) builds on first use. Before the up-to-date check: a container rebuilt
+# under an existing venv still gets it. Installed only as root with apt; elsewhere a message, and a
+# run asking for NVMe fails at validation naming the package.
+aio_pkg=libaio-dev
+if dpkg-query -W -f='${Status}' "$aio_pkg" 2>/dev/null | grep -q "ok installed"; then
+  :
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "roll_ds: installing $aio_pkg (DeepSpeed's async I/O op for NVMe offload)"
+  apt-get install -y -q "$aio_pkg" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q "$aio_pkg" >/dev/null; } \
+    || echo "roll_ds: could not install $aio_pkg; NVMe offload will be refused until it is" >&2
+else
+  echo "roll_ds: $aio_pkg not installed (not root, or no apt): NVMe offload needs it" \
+    "(apt-get install $aio_pkg; libaio-devel on RHEL); everything else works without it"
+fi
+
 stamp="$venv/.roll_ds_setup"
 want="$flavour $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

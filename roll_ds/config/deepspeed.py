@@ -28,11 +28,24 @@ weight sync, export, offload, checkpoints) sees the engine it gets; the kept
 With LoRA, an ``"auto"`` ``reduce_bucket_size`` holds the whole adapter's gradients
 (``DeepSpeedInputs.trainable_numel``, at least hidden x hidden): one reduction per step instead
 of one per hidden x hidden elements.
+
+NVMe offload (ZeRO-Infinity, ``${deepspeed_zero3_nvme}``): an ``"auto"`` ``nvme_path`` is the
+role's own directory under the run's output (``DeepSpeedInputs.nvme_dir``), an ``"auto"``
+``offload_param.buffer_size`` the largest parameter's partition (``largest_numel`` over
+``dp_size``). The checks of the path itself (room, file system, libaio) need the disk and the
+model: ``strategies/deepspeed/nvme.py``.
+
+ZeRO++ (``zero_hpz_partition_size``, ``zero_quantized_weights``, ``zero_quantized_gradients``,
+``zero_quantized_nontrainable_weights``) are ZeRO-3 keys for multi-node GPU runs:
+``zeropp_problems`` refuses them below stage 3, ``zeropp_device_problems`` on CPU (their
+quantizers are CUDA kernels), ``zeropp_topology_problems`` an hpZ that cannot pay off (one node)
+or whose groups would span nodes.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +76,8 @@ class DeepSpeedInputs:
     frozen_base_bytes: int | None = None  # the frozen base's bytes; None: unknown
     rank_memory_bytes: int | None = None  # one rank's device memory; None: unknown
     trainable_numel: int | None = None  # LoRA: the adapter's parameter count; None: unknown
+    nvme_dir: str | None = None  # where an "auto" nvme_path points (the role's own directory)
+    largest_numel: int | None = None  # the model's largest parameter (NVMe swap buffers)
 
 
 class DeepSpeedConfigError(ValueError):
@@ -104,6 +119,14 @@ MIN_VALUES: dict[str, tuple[int, str]] = {
     "zero_optimization.stage3_param_persistence_threshold": (0, ""),
     "zero_optimization.stage3_max_live_parameters": (0, ""),
     "zero_optimization.stage3_max_reuse_distance": (0, ""),
+    "zero_optimization.offload_optimizer.buffer_count": (1, ""),
+    "zero_optimization.offload_param.buffer_count": (1, ""),
+    "zero_optimization.offload_param.buffer_size": (1, ""),
+    "zero_optimization.offload_param.max_in_cpu": (0, "0: every parameter read from NVMe"),
+    "zero_optimization.zero_hpz_partition_size": (1, "1: no secondary partition"),
+    "aio.block_size": (1, ""),
+    "aio.queue_depth": (1, ""),
+    "aio.intra_op_parallelism": (1, ""),
 }
 BOOL_KEYS = (
     "wall_clock_breakdown",
@@ -114,6 +137,12 @@ BOOL_KEYS = (
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.offload_optimizer.pin_memory",
     "zero_optimization.offload_param.pin_memory",
+    "zero_optimization.zero_quantized_weights",
+    "zero_optimization.zero_quantized_gradients",
+    "zero_optimization.zero_quantized_nontrainable_weights",
+    "aio.single_submit",
+    "aio.overlap_events",
+    "aio.use_gds",
 )
 SECTIONS = (
     "zero_optimization",
@@ -121,7 +150,17 @@ SECTIONS = (
     "bf16",
     "zero_optimization.offload_optimizer",
     "zero_optimization.offload_param",
+    "aio",
 )
+OFFLOAD_SECTIONS = ("offload_optimizer", "offload_param")
+# ZeRO++'s switches (besides zero_hpz_partition_size): quantized all-gathers of the weights,
+# quantized all-to-all reduction of the gradients, frozen weights stored quantized (MixZ++).
+ZEROPP_FLAGS = (
+    "zero_quantized_weights",
+    "zero_quantized_gradients",
+    "zero_quantized_nontrainable_weights",
+)
+HPZ_KEY = "zero_hpz_partition_size"
 
 
 def check_deepspeed_config(ds_config: Mapping[str, Any], where: str) -> list[str]:
@@ -140,6 +179,7 @@ def check_deepspeed_config(ds_config: Mapping[str, Any], where: str) -> list[str
         return problems
     problems += _offload_problems(ds_config, stage, where)
     problems += _value_problems(ds_config, where)
+    problems += zeropp_problems(ds_config, where)
     mode = ds_config.get(FROZEN_BASE_KEY, AUTO)
     if mode not in FROZEN_BASE_MODES:
         problems.append(
@@ -185,7 +225,100 @@ def _offload_problems(ds_config: Mapping[str, Any], stage: int, where: str) -> l
             problems.append(
                 f"{where}.zero_optimization.{key}.device: {device!r} is not cpu, nvme or none"
             )
+        elif device == "nvme":
+            path = (ds_config["zero_optimization"][key]).get("nvme_path")
+            if not isinstance(path, str) or not path:
+                problems.append(
+                    f"{where}.zero_optimization.{key}.nvme_path: NVMe offload needs a directory, "
+                    f"got {path!r}; set it to a directory on a local NVMe drive, or auto (the "
+                    "role's directory under output_dir)"
+                )
     return problems
+
+
+def role_nvme_dir(output_dir: str, exp_name: str, role: str) -> str:
+    """Where ``nvme_path: auto`` puts role ``role``'s swap files: its own directory, since
+    DeepSpeed names them by rank and parameter id only (two roles in one directory would
+    overwrite each other's)."""
+    return os.path.abspath(os.path.join(output_dir, exp_name, "nvme", role))
+
+
+def nvme_paths(ds_config: Mapping[str, Any]) -> dict[str, str]:
+    """``{"offload_param": "<nvme_path>", ...}`` for the sections offloaded to NVMe."""
+    zero = ds_config.get("zero_optimization") or {}
+    return {
+        key: zero[key].get("nvme_path")
+        for key, device in offload_devices(ds_config).items()
+        if device == "nvme"
+    }
+
+
+def zeropp_keys(ds_config: Mapping[str, Any]) -> list[str]:
+    """The ZeRO++ keys ``ds_config`` switches on (``zero_optimization.<key>``)."""
+    zero = ds_config.get("zero_optimization") or {}
+    on = [key for key in ZEROPP_FLAGS if zero.get(key) is True]
+    hpz = zero.get(HPZ_KEY, 1)
+    if isinstance(hpz, int) and not isinstance(hpz, bool) and hpz > 1:
+        on.insert(0, HPZ_KEY)
+    return on
+
+
+def zeropp_problems(ds_config: Mapping[str, Any], where: str) -> list[str]:
+    """ZeRO++ keys switched on outside ZeRO-3 (they partition ZeRO-3's parameters)."""
+    keys = zeropp_keys(ds_config)
+    stage = zero_stage(ds_config)
+    if not keys or stage == 3:
+        return []
+    named = ", ".join(f"zero_optimization.{k}" for k in keys)
+    return [
+        f"{where}: {named} are ZeRO++ keys of ZeRO stage 3 (stage is {stage}); use "
+        "${deepspeed_zero3} or remove them"
+    ]
+
+
+def zeropp_device_problems(ds_config: Mapping[str, Any], where: str, device: str) -> list[str]:
+    """ZeRO++ keys on ``device`` "cpu": DeepSpeed's quantizers are CUDA kernels, and hpZ's
+    intra-node copies save inter-node traffic only (the CPU accelerator could run an unquantized
+    hpZ; it would only cost memory)."""
+    keys = zeropp_keys(ds_config)
+    if not keys or device != "cpu":
+        return []
+    named = ", ".join(f"zero_optimization.{k}" for k in keys)
+    return [
+        f"{where}: {named} (ZeRO++) need CUDA GPUs: the quantized all-gather and gradient "
+        "reduction are CUDA kernels, and hierarchical partitioning only saves inter-node "
+        "traffic; remove them (zero_hpz_partition_size: 1, the quantized flags false) or run "
+        "with device: cuda"
+    ]
+
+
+def zeropp_topology_problems(
+    ds_config: Mapping[str, Any], where: str, ranks_per_node: list[int]
+) -> list[str]:
+    """hpZ against the role's ranks on each node (``ranks_per_node``, the nodes it uses).
+    DeepSpeed groups ranks ``[i*size, (i+1)*size)`` (consecutive: one node's ranks) and keeps a
+    secondary copy of the parameters in each group, so that backward's all-gather never leaves
+    the node: the size must divide every node's ranks, and on one node the copy saves nothing
+    (ZeRO++ tutorial: set it to the GPUs per node of a multi-node run)."""
+    zero = ds_config.get("zero_optimization") or {}
+    hpz = zero.get(HPZ_KEY, 1)
+    if HPZ_KEY not in zeropp_keys(ds_config) or not ranks_per_node:
+        return []
+    field = f"{where}.zero_optimization.{HPZ_KEY}"
+    if len(ranks_per_node) == 1:
+        return [
+            f"{field}: {hpz} on a role whose {ranks_per_node[0]} ranks share one node: hpZ "
+            "keeps a second, intra-node copy of the parameters to avoid inter-node all-gathers, "
+            "so on one node it costs memory and saves nothing; set it to 1"
+        ]
+    uneven = sorted({n for n in ranks_per_node if n % hpz})
+    if uneven:
+        return [
+            f"{field}: {hpz} does not divide the role's ranks per node "
+            f"({', '.join(map(str, sorted(set(ranks_per_node))))}): a secondary partition group "
+            "would span two nodes; set it to the ranks per node (or a divisor of it)"
+        ]
+    return []
 
 
 def _value_problems(ds_config: Mapping[str, Any], where: str) -> list[str]:
@@ -256,6 +389,7 @@ def build_deepspeed_config(
                     del zero[key]  # DeepSpeed's own default
                 else:
                     zero[key] = value
+        _fill_nvme(zero, inputs)
 
     if zero_stage(cfg) == 3 and not problems:
         cfg[FROZEN_BASE_KEY] = frozen_base_mode(cfg, inputs)
@@ -308,6 +442,21 @@ def fp16_train_problems(ds_config: Mapping[str, Any], where: str) -> list[str]:
         "for its ZeRO optimizers; at stage 0 the loss scale would shrink every update); use "
         "${deepspeed_zero2} or ${deepspeed_zero3}, or model_args.dtype: bf16"
     ]
+
+
+def _fill_nvme(zero: dict[str, Any], inputs: DeepSpeedInputs) -> None:
+    """The NVMe sections' ``"auto"``: the role's directory, a swap buffer holding the largest
+    parameter's partition (unknown ones stay ``"auto"`` and are reported)."""
+    for key in OFFLOAD_SECTIONS:
+        section = zero.get(key)
+        if isinstance(section, dict) and section.get("nvme_path") == AUTO and inputs.nvme_dir:
+            section["nvme_path"] = inputs.nvme_dir
+    param = zero.get("offload_param")
+    if isinstance(param, dict) and param.get("buffer_size") == AUTO:
+        if inputs.largest_numel is not None:
+            param["buffer_size"] = -(-inputs.largest_numel // inputs.dp_size)
+        elif param.get("device") != "nvme":
+            del param["buffer_size"]  # unused without NVMe
 
 
 def frozen_base_mode(ds_config: Mapping[str, Any], inputs: DeepSpeedInputs) -> str:

@@ -452,3 +452,4 @@ class RLVRConfig:
     deepspeed_zero2_cpuoffload: dict[str, Any] | None = None  # ZeRO-2, optimizer on CPU
     deepspeed_zero3: dict[str, Any] | None = None  # ZeRO-3: parameters partitioned too
     deepspeed_zero3_cpuoffload: dict[str, Any] | None = None  # ZeRO-3, offload to CPU
+    deepspeed_zero3_nvme: dict[str, Any] | None = None  # ZeRO-3, offload to NVMe (ZeRO-Infinity)

@@ -15,7 +15,8 @@ check from the components that own it, in this order:
     roll_ds/config/checks/components.py    the components' own checks, by name: rewards/
                                 config_checks.py, weight_sync/config_checks.py and select.py,
                                 pipeline/colocation/checks.py and eval_metrics.py, agentic/
-                                config_checks.py, data/sources.py
+                                config_checks.py, data/sources.py, strategies/deepspeed/
+                                config_checks.py (ZeRO++, NVMe offload)
 
 ``roll_ds/config/`` imports none of the components it collects from (they sit above it and import
 the schema): each is named by ``"module:function"`` and imported when ``validate`` first runs.
@@ -148,6 +149,7 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += component_problems("colocation", cfg)  # roll_ds/pipeline/colocation/checks.py
     problems += component_problems("evaluation", cfg)  # validation sampling, save_best
     problems += device_problems(cfg)
+    problems += component_problems("deepspeed", cfg, check_files=check_files)  # ZeRO++, NVMe
     problems += component_problems("weight_sync_layout", cfg)  # transport vs shared GPUs
     if has_environments(cfg):  # environment episodes, all or some of each step's groups
         problems += component_problems("agentic", cfg)  # roll_ds/agentic/config_checks.py

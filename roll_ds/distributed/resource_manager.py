@@ -78,7 +78,24 @@ def decide_run_platform(cfg: RLVRConfig) -> Platform:
     use_platform(platform)
     if platform.is_cuda and cfg.device != "cuda":
         _check_gpu_layout(cfg)
+    if not platform.is_cuda and cfg.device == "auto":
+        _check_cpu_deepspeed(cfg)
     return platform
+
+
+def _check_cpu_deepspeed(cfg: RLVRConfig) -> None:
+    """``device: auto`` resolved to CPU: what validation refuses for ``device: cpu`` in the
+    DeepSpeed roles (ZeRO++'s CUDA-only keys), now, before any actor starts."""
+    import dataclasses
+
+    from roll_ds.config.checks.components import component_problems
+    from roll_ds.config.validate import ConfigError
+
+    problems = component_problems(
+        "deepspeed", dataclasses.replace(cfg, device="cpu"), check_files=False
+    )
+    if problems:
+        raise ConfigError(problems)
 
 
 def _check_gpu_layout(cfg: RLVRConfig) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_ds.config.checks.lengths import longest_sequence
+from roll_ds.config.deepspeed import role_nvme_dir
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.pipeline.colocation.choreography import TRACE_FILE, Choreography, cluster_runner
 from roll_ds.pipeline.colocation.plan import ColocationPlan, plan_colocation
@@ -81,7 +82,8 @@ def role_context(
 ) -> StrategyContext:
     """``ctx`` for role ``name``: a trained role's LR schedule spans all its optimizer steps;
     the rollout engines hold the longest rollout / evaluation sequence, and under adapter-only
-    LoRA sync reserve the adapter's rank."""
+    LoRA sync reserve the adapter's rank; every role gets its own NVMe swap directory."""
+    ctx = replace(ctx, nvme_dir=role_nvme_dir(cfg.output_dir, cfg.exp_name, name))
     if name in trained_roles:
         return replace(ctx, max_steps=schedule_steps(cfg, name))
     if name != "actor_infer":

@@ -17,12 +17,18 @@ from typing import Any
 
 import torch
 
-from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config, zero_stage
+from roll_ds.config.deepspeed import (
+    DeepSpeedInputs,
+    build_deepspeed_config,
+    nvme_paths,
+    zero_stage,
+)
 from roll_ds.config.schema import ModelArgs, WorkerConfig
 from roll_ds.models.loading import load_causal_lm, resolve_model_path
 from roll_ds.models.reward_model import check_head, forward_scores, load_reward_model
 from roll_ds.strategy import StrategyContext
 from strategies import _common
+from strategies.deepspeed import nvme
 from strategies.deepspeed.loading import require_fp16_support
 from strategies.deepspeed.zero import (
     batched_forward,
@@ -45,6 +51,7 @@ class DeepSpeedInferStrategy:
         head: str | None = None,
         max_tokens_per_micro_batch: int | None = None,
         use_sequence_packing: bool = False,
+        nvme_dir: str | None = None,
     ) -> None:
         # None: a causal LM; a reward-model head (roll_ds.models.reward_model.HEADS): a scorer.
         self.head = None if head is None else check_head(head)
@@ -56,6 +63,7 @@ class DeepSpeedInferStrategy:
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.use_sequence_packing = use_sequence_packing
         self.seed = seed
+        self.nvme_dir = nvme_dir  # an "auto" nvme_path (StrategyContext.nvme_dir)
         self.engine: Any = None
 
     @classmethod
@@ -72,6 +80,7 @@ class DeepSpeedInferStrategy:
             logprob_temperature=ctx.logprob_temperature,
             max_tokens_per_micro_batch=worker.max_tokens_per_micro_batch,
             use_sequence_packing=worker.use_sequence_packing,
+            nvme_dir=ctx.nvme_dir,
         )
 
     def initialize(self) -> None:
@@ -86,6 +95,7 @@ class DeepSpeedInferStrategy:
         dtype = self.model_args.dtype
         if dtype == "fp16":
             require_fp16_support("fp16 inference")
+        size = nvme.model_size(self.model_path) if nvme_paths(self.strategy_config) else None
         self.ds_config = build_deepspeed_config(
             self.strategy_config,
             DeepSpeedInputs(
@@ -95,11 +105,16 @@ class DeepSpeedInferStrategy:
                 max_grad_norm=1.0,
                 dtype=dtype,
                 hidden_size=hidden,
+                nvme_dir=self.nvme_dir,
+                largest_numel=size.largest_numel if size else None,
             ),
         )
         # No optimizer: optimizer offload is meaningless, parameter offload still applies.
         zero = self.ds_config.get("zero_optimization") or {}
         zero.pop("offload_optimizer", None)
+        nvme.check_rank_nvme(
+            self.ds_config, size=size, trained_numel=0, dtype=dtype, dp_size=self.world_size
+        )
         load = load_causal_lm if self.head is None else partial(load_reward_model, head=self.head)
         model = load(
             self.model_path,

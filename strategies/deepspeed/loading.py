@@ -25,13 +25,16 @@ from roll_ds.config.deepspeed import (
     build_deepspeed_config,
     fp16_train_problems,
     frozen_base_whole,
+    nvme_paths,
     zero_stage,
+    zeropp_keys,
 )
 from roll_ds.config.schema import ModelArgs, TrainingArgs
 from roll_ds.models.frozen_base import keep_frozen_base_whole
 from roll_ds.models.loading import apply_lora, load_causal_lm
 from roll_ds.models.value_model import apply_value_lora, load_value_model
 from roll_ds.platform import current_platform
+from strategies.deepspeed import nvme
 from strategies.deepspeed.optimizer import fill_optimizer_auto
 
 logger = logging.getLogger(__name__)
@@ -50,9 +53,12 @@ def build_train_ds_config(
     model_args: ModelArgs,
     training_args: TrainingArgs,
     dp_size: int,
+    nvme_dir: str | None = None,
 ) -> dict[str, Any]:
     """The engine's DeepSpeed config: ``strategy_config`` with its ``"auto"`` values (the
-    optimizer section's too) filled from ``training_args`` for ``dp_size`` ranks."""
+    optimizer section's too) filled from ``training_args`` for ``dp_size`` ranks; an ``"auto"``
+    ``nvme_path`` is ``nvme_dir``, whose room and libaio are checked here too (this rank's node
+    may not be the machine that validated the config)."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_path)
@@ -61,6 +67,7 @@ def build_train_ds_config(
         source["optimizer"] = fill_optimizer_auto(source["optimizer"], training_args)
     lora = model_args.lora_rank is not None
     base_bytes, adapter = lora_sizes(hf_config, model_args) if lora else (None, None)
+    size = nvme.model_size(model_path) if nvme_paths(source) else None
     cfg = build_deepspeed_config(
         source,
         DeepSpeedInputs(
@@ -74,6 +81,8 @@ def build_train_ds_config(
             frozen_base_bytes=base_bytes,
             rank_memory_bytes=rank_memory_bytes(),
             trainable_numel=adapter,
+            nvme_dir=nvme_dir,
+            largest_numel=size.largest_numel if size else None,
         ),
     )
     if (cfg.get("fp16") or {}).get("enabled"):
@@ -81,6 +90,18 @@ def build_train_ds_config(
         problems = fp16_train_problems(cfg, "strategy_config")
         if problems:
             raise ValueError("\n".join(problems))
+    if zeropp_keys(cfg) and not current_platform().is_cuda:
+        raise ValueError(
+            f"{', '.join(zeropp_keys(cfg))} (ZeRO++) need CUDA GPUs (DeepSpeed's quantizers "
+            "are CUDA kernels); remove them from the strategy_config"
+        )
+    nvme.check_rank_nvme(
+        cfg,
+        size=size,
+        trained_numel=adapter if lora else None,
+        dtype=model_args.dtype,
+        dp_size=dp_size,
+    )
     cfg.setdefault("zero_allow_untested_optimizer", True)
     cfg.setdefault("steps_per_print", 10**9)
     return cfg

@@ -83,6 +83,7 @@ class DeepSpeedTrainStrategy:
         logprob_temperature: float = 1.0,
         max_tokens_per_micro_batch: int | None = None,
         use_sequence_packing: bool = False,
+        nvme_dir: str | None = None,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
@@ -100,6 +101,7 @@ class DeepSpeedTrainStrategy:
         # micro_batches.py)
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.use_sequence_packing = use_sequence_packing
+        self.nvme_dir = nvme_dir  # an "auto" nvme_path (StrategyContext.nvme_dir)
         self.engine: Any = None
         self.ds_config: dict[str, Any] = {}
         self._offloaded = False
@@ -122,6 +124,7 @@ class DeepSpeedTrainStrategy:
             logprob_temperature=ctx.logprob_temperature,
             max_tokens_per_micro_batch=worker.max_tokens_per_micro_batch,
             use_sequence_packing=worker.use_sequence_packing,
+            nvme_dir=ctx.nvme_dir,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class DeepSpeedTrainStrategy:
             model_args=self.model_args,
             training_args=self.training_args,
             dp_size=self.world_size,
+            nvme_dir=self.nvme_dir,
         )
         model = load_train_model(self.model_path, self.model_args, self.ds_config, head=self.head)
         self.engine, self.optimizer, self.lr_scheduler = build_engine(

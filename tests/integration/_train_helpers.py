@@ -18,6 +18,7 @@ PRESETS = {
     3: "deepspeed_zero3",
     "2_offload": "deepspeed_zero2_cpuoffload",
     "3_offload": "deepspeed_zero3_cpuoffload",
+    "3_nvme": "deepspeed_zero3_nvme",
 }
 
 
@@ -62,6 +63,7 @@ def make_strategy(
     infer_batch_size: int = 4,
     max_tokens_per_micro_batch: int | None = None,
     use_sequence_packing: bool = False,
+    nvme_dir: str | None = None,
     **args: Any,
 ):
     """A DeepSpeedTrainStrategy on a preset (``zero`` updates its zero_optimization section,
@@ -89,6 +91,7 @@ def make_strategy(
         infer_batch_size=infer_batch_size,
         max_tokens_per_micro_batch=max_tokens_per_micro_batch,
         use_sequence_packing=use_sequence_packing,
+        nvme_dir=nvme_dir,
     )
     strategy.initialize()
     return strategy

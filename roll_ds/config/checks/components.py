@@ -27,6 +27,9 @@ for _name, _target in {
     "evaluation": "roll_ds.pipeline.eval_metrics:eval_config_problems",
     # (cfg) the agentic section: environments, tools, parsers
     "agentic": "roll_ds.agentic.config_checks:agentic_problems",
+    # (cfg, *, check_files) DeepSpeed roles: ZeRO++ against device and nodes, NVMe offload
+    # against libaio and the disk
+    "deepspeed": "strategies.deepspeed.config_checks:deepspeed_run_problems",
     # (cfg, *, check_files) data keys, formats, files
     "data": "roll_ds.data.sources:data_problems",
 }.items():

@@ -27,6 +27,7 @@ def test_examples_are_found():
         "deepspeed_zero2_cpuoffload",
         "deepspeed_zero3",
         "deepspeed_zero3_cpuoffload",
+        "deepspeed_zero3_nvme",
     } <= set(PRESETS)
 
 
@@ -60,6 +61,7 @@ def test_embedded_default_validates_with_files():
         ("deepspeed_zero2", 2, False),
         ("deepspeed_zero2_cpuoffload", 2, True),
         ("deepspeed_zero3_cpuoffload", 3, True),
+        ("deepspeed_zero3_nvme", 3, True),
     ],
 )
 def test_zero_stage_override_from_command_line(preset, expected_stage, offload):

@@ -9,8 +9,12 @@ from roll_ds.config.deepspeed import (
     build_deepspeed_config,
     check_deepspeed_config,
     fp16_train_problems,
+    nvme_paths,
     offload_devices,
     zero_stage,
+    zeropp_device_problems,
+    zeropp_keys,
+    zeropp_topology_problems,
 )
 
 PRESETS = Path(__file__).resolve().parents[3] / "examples" / "config"
@@ -39,13 +43,16 @@ def inputs(**kw) -> DeepSpeedInputs:
         ("deepspeed_zero2_cpuoffload", 2, {"offload_optimizer": "cpu"}),
         ("deepspeed_zero3", 3, {}),
         ("deepspeed_zero3_cpuoffload", 3, {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+        ("deepspeed_zero3_nvme", 3, {"offload_optimizer": "nvme", "offload_param": "nvme"}),
     ],
 )
 def test_presets_have_root_key_named_like_file_and_build(name, stage, offload):
     cfg = preset(name)
     assert zero_stage(cfg) == stage
     assert offload_devices(cfg) == offload
-    built = build_deepspeed_config(cfg, inputs(hidden_size=128))
+    built = build_deepspeed_config(
+        cfg, inputs(hidden_size=128, nvme_dir="/nvme/actor_train", largest_numel=1001)
+    )
     assert built["train_micro_batch_size_per_gpu"] == 4
     assert built["gradient_accumulation_steps"] == 2
     assert built["train_batch_size"] == 16  # 4 x 2 x 2
@@ -190,6 +197,7 @@ def test_bad_values(cfg, message):
         "deepspeed_zero2_cpuoffload",
         "deepspeed_zero3",
         "deepspeed_zero3_cpuoffload",
+        "deepspeed_zero3_nvme",
     ],
 )
 def test_presets_pass_the_checks(name):
@@ -205,3 +213,116 @@ def test_auto_and_large_float_bucket_sizes_pass():
         }
     }
     assert check_deepspeed_config(cfg, "x") == []
+
+
+def test_nvme_auto_is_the_roles_directory_and_the_largest_partition():
+    built = build_deepspeed_config(
+        preset("deepspeed_zero3_nvme"),
+        inputs(hidden_size=64, nvme_dir="/nvme/actor_train", largest_numel=1001),
+    )
+    assert nvme_paths(built) == {
+        "offload_optimizer": "/nvme/actor_train",
+        "offload_param": "/nvme/actor_train",
+    }
+    assert built["zero_optimization"]["offload_param"]["buffer_size"] == 501  # ceil(1001 / 2)
+    assert built["aio"]["queue_depth"] == 8
+
+
+def test_nvme_auto_without_a_directory_names_the_key():
+    with pytest.raises(DeepSpeedConfigError) as err:
+        build_deepspeed_config(preset("deepspeed_zero3_nvme"), inputs(hidden_size=64))
+    message = str(err.value)
+    assert "zero_optimization.offload_optimizer.nvme_path" in message
+    assert "zero_optimization.offload_param.buffer_size" in message
+
+
+NVME = {"device": "nvme", "nvme_path": "/x"}
+
+
+@pytest.mark.parametrize(
+    ("zero", "aio", "message"),
+    [
+        (
+            {"offload_param": {**NVME, "buffer_count": 0}},
+            {},
+            "x.zero_optimization.offload_param.buffer_count: must be a number >= 1",
+        ),
+        (
+            {"offload_param": {**NVME, "nvme_path": ""}},
+            {},
+            "x.zero_optimization.offload_param.nvme_path: NVMe offload needs a directory",
+        ),
+        ({}, {"queue_depth": 0}, "x.aio.queue_depth: must be a number >= 1"),
+        ({}, {"single_submit": "no"}, "x.aio.single_submit: must be true or false"),
+    ],
+)
+def test_bad_nvme_values(zero, aio, message):
+    cfg = {"zero_optimization": {"stage": 3, **zero}, "aio": aio}
+    problems = check_deepspeed_config(cfg, "x")
+    assert any(p.startswith(message) for p in problems), problems
+
+
+# ZeRO++ -------------------------------------------------------------------------------------
+
+ZEROPP = {
+    "zero_hpz_partition_size": 8,
+    "zero_quantized_weights": True,
+    "zero_quantized_gradients": True,
+}
+
+
+def zeropp(stage: int = 3, **keys) -> dict:
+    return {"zero_optimization": {"stage": stage, **(keys or ZEROPP)}}
+
+
+def test_zeropp_keys_on():
+    assert zeropp_keys(zeropp()) == list(ZEROPP)
+    assert zeropp_keys(zeropp(zero_hpz_partition_size=1, zero_quantized_weights=False)) == []
+
+
+def test_zeropp_needs_stage_3():
+    (problem,) = check_deepspeed_config(zeropp(stage=2), "x")
+    assert problem.startswith(
+        "x: zero_optimization.zero_hpz_partition_size, zero_optimization.zero_quantized_weights, "
+        "zero_optimization.zero_quantized_gradients are ZeRO++ keys of ZeRO stage 3 (stage is 2)"
+    )
+    assert check_deepspeed_config(zeropp(), "x") == []
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (
+            zeropp(zero_hpz_partition_size=0),
+            "x.zero_optimization.zero_hpz_partition_size: must be a number >= 1",
+        ),
+        (
+            zeropp(zero_quantized_gradients="yes"),
+            "x.zero_optimization.zero_quantized_gradients: must be true or false",
+        ),
+    ],
+)
+def test_zeropp_bad_values(cfg, message):
+    problems = check_deepspeed_config(cfg, "x")
+    assert any(p.startswith(message) for p in problems), problems
+
+
+def test_zeropp_refused_on_cpu():
+    (problem,) = zeropp_device_problems(zeropp(zero_quantized_weights=True), "x", "cpu")
+    assert problem.startswith("x: zero_optimization.zero_quantized_weights (ZeRO++) need CUDA")
+    assert "run with device: cuda" in problem
+    assert zeropp_device_problems(zeropp(), "x", "cuda") == []
+    assert zeropp_device_problems(zeropp(), "x", "auto") == []  # decided at launch
+
+
+def test_hpz_against_the_nodes():
+    hpz = zeropp(zero_hpz_partition_size=8)
+    (one_node,) = zeropp_topology_problems(hpz, "x", [8])
+    assert one_node.startswith("x.zero_optimization.zero_hpz_partition_size: 8 on a role whose 8")
+    assert "set it to 1" in one_node
+    assert zeropp_topology_problems(hpz, "x", [8, 8]) == []
+    assert zeropp_topology_problems(zeropp(zero_hpz_partition_size=4), "x", [8, 8]) == []
+    (uneven,) = zeropp_topology_problems(zeropp(zero_hpz_partition_size=3), "x", [8, 8])
+    assert "3 does not divide the role's ranks per node (8)" in uneven
+    # the quantized flags alone are fine on one node
+    assert zeropp_topology_problems(zeropp(zero_quantized_weights=True), "x", [8]) == []

@@ -18,3 +18,16 @@ def test_the_rollout_engine_holds_the_longest_sequence_and_no_other_role_is_told
     assert role_context(cfg, ctx, "actor_infer", ["actor_train"]).max_sequence_length == 124
     for role in ("actor_train", "reference"):
         assert role_context(cfg, ctx, role, ["actor_train"]).max_sequence_length is None
+
+
+def test_every_role_gets_its_own_nvme_directory_under_the_run(tmp_path):
+    """``nvme_path: auto`` (ZeRO-Infinity): one directory per role, DeepSpeed's swap files being
+    named by rank and parameter only."""
+    cfg = load_config("rlvr_full_zero3", [f"output_dir={tmp_path}"], check_files=False)
+    ctx = StrategyContext(pretrain="/m", seed=0, max_steps=10, response_length=8)
+    dirs = {
+        role: role_context(cfg, ctx, role, ["actor_train"]).nvme_dir
+        for role in ("actor_train", "reference", "actor_infer")
+    }
+    for role, path in dirs.items():
+        assert path == str(tmp_path / cfg.exp_name / "nvme" / role)

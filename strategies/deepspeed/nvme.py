@@ -1,0 +1,297 @@
+"""ZeRO-Infinity's NVMe offload, checked before any actor starts.
+
+A role whose DeepSpeed config offloads to NVMe (``${deepspeed_zero3_nvme}``) needs:
+
+- libaio: DeepSpeed's async I/O op (``AsyncIOBuilder``) is built on first use against it; without
+  it the first rank would fail deep inside ``deepspeed.initialize``. ``libaio_available`` asks
+  the compiler what DeepSpeed's ``AsyncIOBuilder.is_compatible`` asks (link a program calling
+  ``io_submit`` with ``-laio``, honouring ``CFLAGS``/``LDFLAGS``) without importing DeepSpeed,
+  so validation stays light;
+- an ``nvme_path`` per offloaded section (``"auto"``: the role's directory under the run's
+  output, ``roll_ds.config.deepspeed.role_nvme_dir``) that exists or can be created, is
+  writable, and has room for what is swapped (``swap_bytes``): the parameters in their dtype,
+  and for the trained parameters fp32 master weights, Adam's two moments and the gradients (16
+  bytes each).
+  DeepSpeed writes them all when the engine starts, whatever ``max_in_cpu`` keeps in host
+  memory as well. Each node holds its own ranks' partitions;
+- a file system that takes ``O_DIRECT`` (DeepSpeed opens its swap files with it), and that is
+  not memory: on tmpfs or ramfs "NVMe" is host memory, which the offload was meant to spare.
+  That works (tmpfs takes ``O_DIRECT`` since Linux 6.6), so it is a warning.
+
+Light: no torch or DeepSpeed import (the sizes are read from the safetensors headers). The
+config's checks run these on the machine that validates (``deepspeed_run_problems`` in
+``config_checks.py``, the ``deepspeed`` component check); every rank runs ``check_rank_nvme``
+for its own node before building its engine.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from roll_ds.config.deepspeed import AUTO, nvme_paths, zero_stage
+
+logger = logging.getLogger(__name__)
+
+LIBAIO_PACKAGE = "libaio-dev"  # Debian/Ubuntu; libaio-devel on RHEL/Fedora, libaio on Arch
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# per trained parameter: fp32 master weight, Adam's exp_avg and exp_avg_sq, and the fp32 gradient
+# (the optimizer swapper writes gradients to NVMe too: tests/integration/test_zero3_nvme.py)
+OPTIMIZER_BYTES = 16
+IO_SUBMIT_PROGRAM = "#include <libaio.h>\nint main(void) { io_submit(0, 0, 0); return 0; }\n"
+
+
+NOT_ADAPTED = ("lm_head", "embed_tokens", "score")  # what peft's all-linear leaves out
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Parameter counts read from a model directory's safetensors headers."""
+
+    numel: int
+    largest_numel: int  # the largest single tensor (NVMe swap buffers must hold its partition)
+    matrices: tuple[tuple[str, int, int], ...] = ()  # (module name, out, in) of 2-D weights
+
+    def adapter_numel(self, rank: int, target: str) -> int:
+        """The parameters of a LoRA adapter of ``rank`` on ``target`` (``"all-linear"`` or a
+        comma list of module names): ``rank x (in + out)`` per adapted weight."""
+        names = None if target == "all-linear" else {t.strip() for t in target.split(",")}
+        return sum(
+            rank * (n_in + n_out)
+            for module, n_out, n_in in self.matrices
+            if (module in names if names is not None else module not in NOT_ADAPTED)
+        )
+
+
+def model_size(model_dir: str) -> ModelSize | None:
+    """The parameter counts of the safetensors files in ``model_dir``; None without any."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        return None
+    numel = largest = 0
+    matrices = []
+    for path in files:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for dim in entry["shape"]:
+                count *= dim
+            numel += count
+            largest = max(largest, count)
+            if name.endswith(".weight") and len(entry["shape"]) == 2:
+                module = name.removesuffix(".weight").rsplit(".", 1)[-1]
+                matrices.append((module, *entry["shape"]))
+    return ModelSize(numel, largest, tuple(matrices))
+
+
+def swap_bytes(
+    sections: Iterable[str], *, numel: int, trained_numel: int, dtype: str, share: float = 1.0
+) -> int:
+    """Bytes DeepSpeed writes under the NVMe paths of ``sections`` (``offload_param``,
+    ``offload_optimizer``) for a model of ``numel`` parameters, ``trained_numel`` of them
+    trained; ``share``: the fraction of the data-parallel ranks on this node."""
+    total = 0
+    if "offload_param" in sections:
+        total += numel * DTYPE_BYTES.get(dtype, 4)
+    if "offload_optimizer" in sections:
+        total += trained_numel * OPTIMIZER_BYTES
+    return int(total * share)
+
+
+def filesystem_type(path: str) -> str | None:
+    """The type of the file system holding the existing ``path`` (``/proc/self/mounts``)."""
+    from strategies.deepspeed.ops import filesystem_type as from_mounts
+
+    try:
+        mounts = Path("/proc/self/mounts").read_text()
+    except OSError:
+        return None
+    return from_mounts(os.path.realpath(path), mounts)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable(directory: Path) -> bool:
+    """Whether this process may create files in ``directory`` (EROFS included)."""
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def _direct_io(directory: Path) -> bool:
+    """Whether files in ``directory`` open with ``O_DIRECT``, as DeepSpeed's async I/O opens
+    its swap files (tmpfs refuses it before Linux 6.6, and so do some FUSE and network file
+    systems): a temporary file, removed."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return True  # not Linux: DeepSpeed's op does not build there anyway
+    fd, name = tempfile.mkstemp(dir=directory, prefix=".roll_ds_direct_io_")
+    os.close(fd)
+    try:
+        os.close(os.open(name, os.O_WRONLY | flag))
+        return True
+    except OSError as exc:
+        return exc.errno != errno.EINVAL
+    finally:
+        os.unlink(name)
+
+
+def path_problems(path: str, need_bytes: int, field: str) -> tuple[list[str], list[str]]:
+    """``(problems, warnings)`` of ``path`` as a swap directory for ``need_bytes``, without
+    creating it: the nearest existing directory above it must be a writable directory with the
+    room; memory file systems warn."""
+    target = Path(path).absolute()
+    base = _existing_ancestor(target)
+    if not base.is_dir():
+        return [
+            f"{field}: {path} cannot be created: {base} is a file, not a directory; set "
+            f"{field} to a directory"
+        ], []
+    if not _writable(base):
+        what = "is not writable" if base == target else f"cannot be created ({base} is read-only)"
+        return [
+            f"{field}: {path} {what} for this user; choose a writable directory on a local NVMe "
+            f"drive for {field}"
+        ], []
+    kind = filesystem_type(str(base))
+    if not _direct_io(base):
+        return [
+            f"{field}: {path} is on a file system that refuses O_DIRECT ({kind}), which "
+            f"DeepSpeed's async I/O opens its swap files with; choose a directory on a local "
+            f"drive (ext4, xfs) for {field}"
+        ], []
+    warnings = []
+    if kind in MEMORY_FILESYSTEMS:
+        warnings.append(
+            f"{field}: {path} is on {kind}, which is memory: what is offloaded there takes host "
+            f"memory, not disk; point {field} at a local NVMe drive to spare memory"
+        )
+    free = shutil.disk_usage(base).free
+    if free < need_bytes:
+        return [
+            f"{field}: {path} has {_gib(free)} free, but ZeRO-Infinity swaps about "
+            f"{_gib(need_bytes)} there on this node (parameters in their dtype, 16 bytes per "
+            f"trained parameter for the optimizer); free space or choose a larger drive for {field}"
+        ], warnings
+    return [], warnings
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def libaio_available() -> bool:
+    """Whether a program calling ``io_submit`` compiles and links against libaio, as DeepSpeed's
+    ``AsyncIOBuilder.is_compatible`` tests it (its build needs the header and ``-laio``)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "aio.c")
+        Path(source).write_text(IO_SUBMIT_PROGRAM)
+        cmd = [
+            compiler,
+            *os.environ.get("CFLAGS", "").split(),
+            source,
+            "-o",
+            os.path.join(tmp, "aio"),
+            *os.environ.get("LDFLAGS", "").split(),
+            "-laio",
+        ]
+        try:
+            done = subprocess.run(cmd, capture_output=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return done.returncode == 0
+
+
+def libaio_problem(field: str) -> str:
+    return (
+        f"{field}: NVMe offload needs libaio to build DeepSpeed's async I/O op, and no program "
+        f"links with -laio here: install {LIBAIO_PACKAGE} (Debian/Ubuntu: apt-get install "
+        f"{LIBAIO_PACKAGE}; scripts/setup.sh does it as root; libaio-devel on RHEL), or set "
+        "CFLAGS/LDFLAGS to where libaio.h and libaio.so are, or offload to cpu instead "
+        "(${deepspeed_zero3_cpuoffload})"
+    )
+
+
+def ds_nvme_problems(
+    ds_config: Mapping[str, Any],
+    field: str,
+    *,
+    nvme_dir: str,
+    size: ModelSize | None,
+    trained_numel: int | None,
+    dtype: str,
+    share: float = 1.0,
+) -> tuple[list[str], list[str]]:
+    """``(problems, warnings)`` of one role's NVMe offload (``field``: its strategy_config).
+    ``size`` None: the room is not checked (a model whose weights are not readable here)."""
+    paths = nvme_paths(ds_config)
+    if not paths or (zero_stage(ds_config) != 3 and "offload_param" in paths):
+        return [], []  # no NVMe, or a stage error reported by check_deepspeed_config
+    problems: list[str] = []
+    warnings: list[str] = []
+    if not libaio_available():
+        problems.append(libaio_problem(field))
+    by_dir: dict[str, list[str]] = {}
+    for section, path in paths.items():
+        by_dir.setdefault(nvme_dir if path == AUTO else str(path), []).append(section)
+    for path, sections in by_dir.items():
+        need = 0
+        if size is not None:
+            trained = size.numel if trained_numel is None else trained_numel
+            need = swap_bytes(
+                sections, numel=size.numel, trained_numel=trained, dtype=dtype, share=share
+            )
+        key = f"{field}.zero_optimization.{sections[0]}.nvme_path"
+        found, warned = path_problems(path, need, key)
+        problems += found
+        warnings += warned
+    return problems, warnings
+
+
+def check_rank_nvme(
+    ds_config: Mapping[str, Any],
+    *,
+    size: ModelSize | None,
+    trained_numel: int | None,
+    dtype: str,
+    dp_size: int,
+) -> None:
+    """A rank's check of its built config (``nvme_path`` resolved) before its engine starts:
+    raises ``ValueError`` with every problem, logs the warnings. The rank's node may not be the
+    machine that validated the config; each rank checks room for its own partitions."""
+    paths = nvme_paths(ds_config)
+    if not paths:
+        return
+    problems, warnings = ds_nvme_problems(
+        ds_config,
+        "strategy_config",
+        nvme_dir=next(iter(paths.values())),
+        size=size,
+        trained_numel=trained_numel,
+        dtype=dtype,
+        share=1.0 / dp_size,
+    )
+    for line in warnings:
+        logger.warning("%s", line)
+    if problems:
+        raise ValueError("\n".join(problems))
