@@ -38,10 +38,13 @@ dtype, once per process.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # Dense (no sparsity) peak TFLOP/s per dtype from NVIDIA's data sheets; the first name found in
 # the device's name wins, so the more specific come first. fp32 is the CUDA-core figure: torch
@@ -189,3 +192,48 @@ def perf_metrics(flops: float, seconds: float, peak: float) -> dict[str, float]:
         "perf/mfu": rate / peak if peak > 0 else 0.0,
         "perf/peak_tflops": peak / 1e12,
     }
+
+
+@dataclass(frozen=True)
+class TrainPerf:
+    """A trainer's ``perf/*`` figures: its model's shape, the trainable parameters under LoRA
+    (None: full fine-tuning) and its device's peak at the training dtype."""
+
+    shape: TransformerShape
+    trainable: int | None
+    peak: float
+
+    @classmethod
+    def for_model(
+        cls, hf_config: Any, trainable: int | None, device: Any, dtype: str
+    ) -> TrainPerf | None:
+        """None (and a warning) for a model ``TransformerShape`` cannot count (MoE, a config
+        without the usual fields)."""
+        try:
+            shape = TransformerShape.from_hf_config(hf_config)
+        except (ValueError, AttributeError) as exc:
+            logger.warning("no perf/tflops or perf/mfu for this model: %s", exc)
+            return None
+        peak, source = peak_flops(device, dtype)
+        logger.info("peak %.3g TFLOP/s at %s (%s)", peak / 1e12, dtype, source)
+        return cls(shape, trainable, peak)
+
+    @classmethod
+    def for_module(
+        cls, module: Any, model_path: str, lora: bool, device: Any, dtype: str
+    ) -> TrainPerf | None:
+        """``for_model`` of a built (possibly ZeRO-3 partitioned) trainer module."""
+        from transformers import AutoConfig
+
+        trainable = sum(
+            getattr(p, "ds_numel", p.numel()) for p in module.parameters() if p.requires_grad
+        )
+        config = AutoConfig.from_pretrained(model_path)
+        return cls.for_model(config, trainable if lora else None, device, dtype)
+
+    def metrics(self, lengths: list[int], seconds: float, *, value_head: bool) -> dict[str, float]:
+        """``perf_metrics`` of a train step over rows of ``lengths`` real tokens."""
+        flops = self.shape.train_flops(
+            lengths, trainable_params=self.trainable, value_head=value_head
+        )
+        return perf_metrics(flops, seconds, self.peak)

@@ -10,7 +10,9 @@ rollout engine wakes its KV cache, unless the cache is emptied once more
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
 from roll_ds.config.deepspeed import offload_devices, zero_stage
 from roll_ds.models.frozen_base import move_frozen_base
 from roll_ds.platform import current_platform
+
+logger = logging.getLogger(__name__)
 
 # DeepSpeed's OffloadStateTypeEnum values (deepspeed/runtime/zero/offload_config.py)
 OFFLOAD_STATES = ("optim_states", "hp_params", "lp_params", "lp_grads", "contiguous_grad_buffer")
@@ -80,3 +84,42 @@ def offload_frozen_base(module: torch.nn.Module) -> int:
 
         get_accelerator().empty_cache()
     return moved
+
+
+@dataclass
+class EngineOffload:
+    """A trainer's offload state between ``offload`` and ``reload`` (both idempotent)."""
+
+    offloaded: bool = False
+    warned: bool = False
+
+    def offload(self, engine: Any, ds_config: Mapping[str, Any], device: torch.device) -> None:
+        """DeepSpeed's ``engine.offload_states`` moves what ``engine_offload_targets`` says it
+        can (ZeRO 1-3: parameter shards, gradients, fp32 master weights, Adam states) to pinned
+        host memory, then a LoRA base kept whole moves (``offload_frozen_base``, which empties
+        the cache again). What stays on the GPU, and why, is logged once. On CPU a no-op."""
+        if self.offloaded:
+            return
+        include = self._include(engine, ds_config)
+        if include:
+            offload_engine_states(engine, include)
+        if device.type != "cpu":  # a LoRA base kept out of ZeRO-3 (zero3_frozen_base)
+            offload_frozen_base(engine.module)
+        self.offloaded = True
+
+    def reload(self, engine: Any, ds_config: Mapping[str, Any], device: torch.device) -> None:
+        """Undo ``offload`` (DeepSpeed reloads exactly what it moved)."""
+        if not self.offloaded:
+            return
+        if self._include(engine, ds_config):
+            engine.reload_states()
+        if device.type != "cpu":
+            move_frozen_base(engine.module, device)
+        self.offloaded = False
+
+    def _include(self, engine: Any, ds_config: Mapping[str, Any]) -> tuple[str, ...]:
+        include, kept = engine_offload_targets(engine, ds_config)
+        if kept and not self.warned:
+            logger.warning("offload_states: %s", kept)
+            self.warned = True
+        return include

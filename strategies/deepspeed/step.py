@@ -17,8 +17,16 @@ import torch
 import torch.distributed as dist
 
 from roll_ds.algorithms.aggregation import MiniBatchNorm
+from roll_ds.models.value_model import forward_values
 from strategies import _common
-from strategies.micro_batches import match_count, plan_micro_batches, row_widths, select_rows
+from strategies.micro_batches import (
+    PackedRows,
+    match_count,
+    packed_forward,
+    plan_micro_batches,
+    row_widths,
+    select_rows,
+)
 
 LossFn = Callable[..., tuple[torch.Tensor, Mapping[str, float]]]
 """``loss_fn(logprobs_BT, micro_batch, entropy_BT[, norm=...]) -> (loss, metrics)``
@@ -169,3 +177,43 @@ def loss_scale_metrics(engine: Any) -> dict[str, float]:
         # DeepSpeed's own reader (it logs the same value to its monitor as loss_scale)
         metrics["train/loss_scale"] = float(engine._get_optimizer_loss_scale())
     return metrics
+
+
+def dropout_free(module: torch.nn.Module) -> bool:
+    """Whether a train-mode forward of ``module`` drops nothing: every ``nn.Dropout`` at p=0
+    and every ``*dropout*`` rate of its HF config 0 (attention dropout is a functional call)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
+        return False
+    config = getattr(module, "config", None)
+    rates = config.to_dict() if hasattr(config, "to_dict") else {}
+    return not any(v for k, v in rates.items() if "dropout" in k and isinstance(v, int | float))
+
+
+def head_forward(
+    model: Any,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    *,
+    head: str,
+    packed: bool,
+    temperature: float,
+    with_entropy: bool = False,
+) -> dict[str, torch.Tensor]:
+    """``{"logprobs_BT"[, "entropy_BT"]}`` at ``temperature`` of an ``lm`` head, or
+    ``{"values_BT"}`` of a ``value`` head (``packed``: the rows packed into one, no padding)."""
+    if head == "value":
+        if with_entropy:
+            raise ValueError("a value model has no token distribution (with_entropy=True)")
+        if packed:
+            rows = PackedRows.of(attention_mask_BT)
+            values_M = packed_forward(model, input_ids_BT, rows)[:, 0].float()
+            return {"values_BT": rows.unpack(values_M)}
+        return {"values_BT": forward_values(model, input_ids_BT, attention_mask_BT)}
+    return _common.forward_logprobs(
+        model,
+        input_ids_BT,
+        attention_mask_BT,
+        with_entropy=with_entropy,
+        temperature=temperature,
+        packed=packed,
+    )

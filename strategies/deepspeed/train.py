@@ -29,11 +29,9 @@ import torch
 
 from roll_ds.config.deepspeed import zero_stage
 from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
-from roll_ds.models.frozen_base import move_frozen_base
 from roll_ds.models.loading import resolve_model_path
-from roll_ds.models.value_model import forward_values
 from roll_ds.models.weights import adapter_config, iter_adapter_buckets, iter_weight_buckets
-from roll_ds.perf import TransformerShape, peak_flops, perf_metrics
+from roll_ds.perf import TrainPerf
 from roll_ds.strategy import StrategyContext
 from strategies import _common
 from strategies.deepspeed import checkpoint, export, offload
@@ -44,28 +42,19 @@ from strategies.deepspeed.start_bound import bounded_initialisation, start_timeo
 from strategies.deepspeed.step import (
     LossFn,
     StepTally,
+    dropout_free,
     grad_norm,
+    head_forward,
     loss_scale_metrics,
     mini_batch_norms,
     split_micro_batches,
     token_micro_batches,
 )
 from strategies.deepspeed.zero import batched_forward, plain_strategy_config, release_zero3_params
-from strategies.micro_batches import PackedRows, packed_forward
 
 logger = logging.getLogger(__name__)
 
 HEADS = ("lm", "value")
-
-
-def dropout_free(module: torch.nn.Module) -> bool:
-    """Whether a train-mode forward of ``module`` drops nothing: every ``nn.Dropout`` at p=0
-    and every ``*dropout*`` rate of its HF config 0 (attention dropout is a functional call)."""
-    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
-        return False
-    config = getattr(module, "config", None)
-    rates = config.to_dict() if hasattr(config, "to_dict") else {}
-    return not any(v for k, v in rates.items() if "dropout" in k and isinstance(v, int | float))
 
 
 class DeepSpeedTrainStrategy:
@@ -104,9 +93,9 @@ class DeepSpeedTrainStrategy:
         self.nvme_dir = nvme_dir  # an "auto" nvme_path (StrategyContext.nvme_dir)
         self.engine: Any = None
         self.ds_config: dict[str, Any] = {}
-        self._offloaded = False
+        self._offload = offload.EngineOffload()
         self._dropout_free = False  # set by initialize
-        self._shape: TransformerShape | None = None  # set by initialize (perf metrics)
+        self._perf: TrainPerf | None = None  # set by initialize (perf/* metrics)
 
     @classmethod
     def from_worker_config(
@@ -169,67 +158,16 @@ class DeepSpeedTrainStrategy:
         )
         # a train forward with dropout is not the old policy's (train_step_with_old_logprobs)
         self._dropout_free = dropout_free(self.module)
-        self._init_perf()
-
-    def _init_perf(self) -> None:
-        """What ``perf/tflops`` and ``perf/mfu`` need (``roll_ds.perf``): the model's shape,
-        its trainable parameters under LoRA, and this device's peak at the training dtype
-        (the spec sheet's on a known GPU, else measured here once)."""
-        from transformers import AutoConfig
-
-        self._shape = None
-        try:
-            self._shape = TransformerShape.from_hf_config(
-                AutoConfig.from_pretrained(self.model_path)
-            )
-        except (ValueError, AttributeError) as exc:  # MoE, a config without the usual fields
-            logger.warning("no perf/tflops or perf/mfu for this model: %s", exc)
-            return
-        self._trainable = (
-            sum(
-                getattr(p, "ds_numel", p.numel())
-                for p in self.module.parameters()
-                if p.requires_grad
-            )
-            if self.is_lora
-            else None
-        )
-        self._peak, source = peak_flops(self.device, self.model_args.dtype)
-        logger.info(
-            "rank %d: peak %.3g TFLOP/s at %s (%s)",
-            self.rank,
-            self._peak / 1e12,
-            self.model_args.dtype,
-            source,
+        self._perf = TrainPerf.for_module(
+            self.module, self.model_path, self.is_lora, self.device, self.model_args.dtype
         )
 
-    def _forward(
-        self,
-        model: Any,
-        input_ids_BT: torch.Tensor,
-        attention_mask_BT: torch.Tensor,
-        *,
-        with_entropy: bool = False,
-        temperature: float | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """``{"logprobs_BT"[, "entropy_BT"]}`` at ``temperature`` (None: the rollouts'), or
-        ``{"values_BT"}`` for ``head="value"``."""
-        if self.head == "value":
-            if with_entropy:
-                raise ValueError("a value model has no token distribution (with_entropy=True)")
-            if self.use_sequence_packing:
-                rows = PackedRows.of(attention_mask_BT)
-                values_M = packed_forward(model, input_ids_BT, rows)[:, 0].float()
-                return {"values_BT": rows.unpack(values_M)}
-            return {"values_BT": forward_values(model, input_ids_BT, attention_mask_BT)}
-        return _common.forward_logprobs(
-            model,
-            input_ids_BT,
-            attention_mask_BT,
-            with_entropy=with_entropy,
-            temperature=self.logprob_temperature if temperature is None else temperature,
-            packed=self.use_sequence_packing,
-        )
+    def _forward(self, model: Any, *tensors: torch.Tensor, **kw: Any) -> dict[str, torch.Tensor]:
+        """``step.head_forward`` of this strategy's head, packing and logprob temperature."""
+        kw.setdefault("temperature", None)
+        if kw["temperature"] is None:
+            kw["temperature"] = self.logprob_temperature
+        return head_forward(model, *tensors, head=self.head, packed=self.use_sequence_packing, **kw)
 
     def _require_head(self, head: str, what: str) -> None:
         if self.head != head:
@@ -341,13 +279,10 @@ class DeepSpeedTrainStrategy:
             if budget is not None:
                 self.engine.set_gradient_accumulation_boundary(None)
         metrics = {**tally.result(len(chunks)), **loss_scale_metrics(self.engine)}
-        if self._shape is not None:
-            flops = self._shape.train_flops(
-                batch["attention_mask"].sum(-1).tolist(),
-                trainable_params=self._trainable,
-                value_head=self.head == "value",
-            )
-            metrics.update(perf_metrics(flops, time.perf_counter() - started, self._peak))
+        if self._perf is not None:
+            lengths = batch["attention_mask"].sum(-1).tolist()
+            took = time.perf_counter() - started
+            metrics.update(self._perf.metrics(lengths, took, value_head=self.head == "value"))
         return metrics, old
 
     def _train_micro_batch(
@@ -542,36 +477,12 @@ class DeepSpeedTrainStrategy:
     # colocation
 
     def offload_states(self) -> None:
-        """Free the GPU for colocated rollout engines: DeepSpeed's ``engine.offload_states``
-        moves what ``offload.offload_targets`` says it can (ZeRO 1-3: parameter shards,
-        gradients, fp32 master weights, Adam states) to pinned host memory, then a LoRA base
-        kept whole (``offload.offload_frozen_base``, which empties the cache again). What stays
-        on the GPU, and why, is logged once. On CPU a no-op. Idempotent."""
-        if self._offloaded:
-            return
-        include = self._offload_include()
-        if include:
-            offload.offload_engine_states(self.engine, include)
-        if self.device.type != "cpu":  # a LoRA base kept out of ZeRO-3 (zero3_frozen_base)
-            offload.offload_frozen_base(self.module)
-        self._offloaded = True
+        """Free the GPU for colocated rollout engines (``offload.EngineOffload.offload``)."""
+        self._offload.offload(self.engine, self.ds_config, self.device)
 
     def reload_states(self) -> None:
-        """Undo ``offload_states`` (DeepSpeed reloads exactly what it moved)."""
-        if not self._offloaded:
-            return
-        if self._offload_include():
-            self.engine.reload_states()
-        if self.device.type != "cpu":
-            move_frozen_base(self.module, self.device)
-        self._offloaded = False
-
-    def _offload_include(self) -> tuple[str, ...]:
-        include, kept = offload.engine_offload_targets(self.engine, self.ds_config)
-        if kept and not getattr(self, "_warned_offload", False):
-            logger.warning("offload_states (rank %d): %s", self.rank, kept)
-            self._warned_offload = True
-        return include
+        """Undo ``offload_states``."""
+        self._offload.reload(self.engine, self.ds_config, self.device)
 
     def close(self) -> None:
         """Release the engine (lets one process build several strategies, as tests do)."""
