@@ -26,9 +26,16 @@ SMALL = [
     # sampled at, which the mismatch check below then covers.
     "actor_infer.generating_args.temperature=0.8",
 ]
-# Wall-clock and throughput differ between runs; everything else must not.
-VOLATILE_PREFIXES = ("time/", "throughput/")
+# Wall-clock and what derives from it (throughput, FLOP/s, MFU) differ between runs, under any
+# role's prefix (critic/perf/mfu); everything else must not.
+VOLATILE_SECTIONS = ("time", "throughput", "perf")
 VOLATILE_KEYS = ("seconds", "gbps")
+
+
+def is_volatile(key: str) -> bool:
+    return any(s in VOLATILE_SECTIONS for s in key.split("/")[:-1]) or any(
+        w in key for w in VOLATILE_KEYS
+    )
 
 
 def command(out_dir: Path, *extra: str, config: str = "rlvr_lora_zero3") -> list[str]:
@@ -64,11 +71,7 @@ def metrics(out_dir: Path, exp_name: str = "rlvr_lora_zero3") -> list[dict]:
 
 
 def stable(row: dict) -> dict:
-    return {
-        k: v
-        for k, v in row.items()
-        if not k.startswith(VOLATILE_PREFIXES) and not any(w in k for w in VOLATILE_KEYS)
-    }
+    return {k: v for k, v in row.items() if not is_volatile(k)}
 
 
 def sigkill_after_first_checkpoint(
