@@ -30,6 +30,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from roll_ds.distributed.dispatch import DispatchSpec, collect, dispatch_spec, split_call
 from roll_ds.distributed.errors import ClusterError, WorkerError, WorkerTimeoutError
 from roll_ds.distributed.resource_manager import ActorPlacement, ResourceManager
+from roll_ds.distributed.shm import ShmLedger
+from roll_ds.distributed.teardown import CLOSE_TIMEOUT_S, close_clusters, record_shm, sweep_shm
 from roll_ds.distributed.worker import Worker, node_probe
 
 
@@ -61,6 +63,7 @@ class Cluster:
         self.call_timeout_s = call_timeout_s
         self.infos: list[dict[str, Any]] = []
         self.actors: list[ActorHandle] = []
+        self.shm = ShmLedger()  # the /dev/shm files the ranks held (record_shm, shutdown)
         device_resource = resource_manager.plan.device_resource if resource_manager else None
 
         start = time.perf_counter()
@@ -77,7 +80,7 @@ class Cluster:
             )
             self.infos = self._wait_started(start_timeout_s)
         except BaseException:
-            self.shutdown()
+            self.shutdown(close_timeout_s=0)  # nothing was built yet: no call to wait for
             raise
         self.start_s = time.perf_counter() - start
 
@@ -208,12 +211,27 @@ class Cluster:
 
     # --- teardown ------------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        """Kill every actor of the role (placement groups stay with the ResourceManager)."""
+    def record_shm(self) -> None:
+        """Remember the ``/dev/shm`` files the ranks (and their child processes) hold now, so
+        ``shutdown`` can remove them even if a rank dies first (``roll_ds/distributed/shm.py``).
+        Call it once the ranks have built what they hold (after ``initialize``)."""
+        record_shm(self.shm, [self])
+
+    def shutdown(self, close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """End the role without leaving anything behind (placement groups stay with the
+        ResourceManager): ``close`` every rank (bounded by ``close_timeout_s``; 0: skip, the
+        caller closed them), kill them, then unlink the ``/dev/shm`` files they held that are
+        still there (a rank that died or did not close)."""
+        if self.actors and ray.is_initialized():
+            self.record_shm()
+            if close_timeout_s > 0:
+                close_clusters([self], close_timeout_s)
         for actor in self.actors:
             with contextlib.suppress(Exception):  # best effort: Ray may already be gone
                 ray.kill(actor, no_restart=True)
         self.actors = []
+        if self.shm.files and ray.is_initialized():
+            sweep_shm(self.shm)
 
     def __enter__(self) -> Cluster:
         return self
