@@ -64,6 +64,7 @@ class Cluster:
         self.infos: list[dict[str, Any]] = []
         self.actors: list[ActorHandle] = []
         self.shm = ShmLedger()  # the /dev/shm files the ranks held (record_shm, shutdown)
+        self._in_flight: list[tuple[int, ray.ObjectRef]] = []  # (rank, call) not yet seen done
         device_resource = resource_manager.plan.device_resource if resource_manager else None
 
         start = time.perf_counter()
@@ -173,7 +174,22 @@ class Cluster:
         spec = dispatch_spec(self.worker_cls, method)
         calls = split_call(spec, self.world_size, args, kwargs)
         refs = [getattr(self.actors[r], method).remote(*a, **kw) for r, a, kw in calls]
-        return PendingCall(self, method, spec, [r for r, _, _ in calls], refs)
+        ranks = [r for r, _, _ in calls]
+        self._in_flight = [*self._unfinished(), *zip(ranks, refs, strict=True)]
+        return PendingCall(self, method, spec, ranks, refs)
+
+    def busy_ranks(self) -> set[int]:
+        """Ranks with a call of this cluster's that has not returned (running, queued or stuck:
+        ``shutdown`` does not wait on their ``close``)."""
+        return {rank for rank, _ in self._unfinished()}
+
+    def _unfinished(self) -> list[tuple[int, ray.ObjectRef]]:
+        if not self._in_flight:
+            return []
+        refs = [ref for _, ref in self._in_flight]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        finished = set(done)
+        return [(rank, ref) for rank, ref in self._in_flight if ref not in finished]
 
     def _gather(
         self, method: str, ranks: list[int], refs: list[ray.ObjectRef], timeout_s: float | None
@@ -217,11 +233,12 @@ class Cluster:
         Call it once the ranks have built what they hold (after ``initialize``)."""
         record_shm(self.shm, [self])
 
-    def shutdown(self, close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    def shutdown(self, close_timeout_s: float = CLOSE_TIMEOUT_S) -> dict[str, int]:
         """End the role without leaving anything behind (placement groups stay with the
-        ResourceManager): ``close`` every rank (bounded by ``close_timeout_s``; 0: skip, the
-        caller closed them), kill them, then unlink the ``/dev/shm`` files they held that are
-        still there (a rank that died or did not close)."""
+        ResourceManager): ``close`` every idle rank (bounded by ``close_timeout_s``; 0: skip,
+        the caller closed them; a busy rank would answer only after its call), kill them all,
+        then unlink the ``/dev/shm`` files they held that are still there (a rank that died,
+        was busy, or did not close in time); returns those ``{name: bytes}``."""
         if self.actors and ray.is_initialized():
             self.record_shm()
             if close_timeout_s > 0:
@@ -231,7 +248,8 @@ class Cluster:
                 ray.kill(actor, no_restart=True)
         self.actors = []
         if self.shm.files and ray.is_initialized():
-            sweep_shm(self.shm)
+            return sweep_shm(self.shm)
+        return {}
 
     def __enter__(self) -> Cluster:
         return self

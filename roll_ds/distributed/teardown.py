@@ -74,18 +74,23 @@ def sweep_shm(ledger: ShmLedger) -> dict[str, int]:
 
 
 def close_clusters(clusters: Iterable[Cluster], timeout_s: float) -> list[str]:
-    """Call ``close`` on every live rank of every cluster at once and wait at most
-    ``timeout_s`` in all; returns the ``role rank`` of those that did not close (dead, failed,
-    or still busy in a call: the kill that follows ends them anyway)."""
+    """Call ``close`` on every idle rank of every cluster at once and wait at most
+    ``timeout_s`` in all; returns the ``role rank`` of those that did not close (busy in a
+    call of the cluster's, dead, failed, or late: the kill that follows ends them, the sweep
+    removes their files)."""
     pending = {}
+    unclosed = []
     for cluster in clusters:
+        busy = cluster.busy_ranks()
         for rank, actor in enumerate(cluster.actors):
+            if rank in busy:  # its close would wait behind the call, maybe a stuck one
+                unclosed.append(f"{cluster.name} rank {rank}")
+                continue
             try:
                 pending[actor.close.remote()] = f"{cluster.name} rank {rank}"
             except Exception:  # a handle Ray already dropped: nothing to close
                 continue
     deadline = time.monotonic() + timeout_s
-    unclosed = []
     while pending:
         ready, _ = ray.wait(
             list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic())
