@@ -131,10 +131,14 @@ def _mapped(maps: Path, prefix: str) -> dict[str, int]:
     """From ``/proc/<pid>/maps`` lines ``addr perms offset dev inode path``."""
     out: dict[str, int] = {}
     try:
-        lines = maps.read_text().splitlines()
+        text = maps.read_text()
     except OSError:
         return out
-    for line in lines:
+    if prefix not in text:  # the usual case: a torch process maps thousands of other files
+        return out
+    for line in text.splitlines():
+        if prefix not in line:
+            continue
         parts = line.split(maxsplit=5)
         if len(parts) < 6 or not parts[5].startswith(prefix) or parts[5].endswith("(deleted)"):
             continue

@@ -52,7 +52,7 @@ def no_leaks_at_session_end():
     if os.environ.get("ROLL_DS_LEAK_CHECK", "1") == "0":
         yield
         return
-    watch = LeakWatch(os.getpid(), interval_s=1.0)
+    watch = LeakWatch(os.getpid())
     yield
     import sys
 

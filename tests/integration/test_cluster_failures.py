@@ -15,7 +15,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
-from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.placement_group import (  # noqa: E402
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
 from roll_ds.distributed.cluster import Cluster  # noqa: E402
 from roll_ds.distributed.dispatch import Dispatch, register  # noqa: E402
@@ -102,6 +106,12 @@ def rm(local_ray):
     ).reserve()
     yield manager
     manager.release()
+    left = {
+        pg["name"]: pg["state"]
+        for pg in placement_group_table().values()
+        if pg["name"].startswith("roll_ds-") and pg["state"] != "REMOVED"
+    }
+    assert not left, f"placement groups left after release: {left}"
 
 
 def test_connect_started_a_local_ray(local_ray):

@@ -107,8 +107,14 @@ def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
     assert proc.returncode != 0
     assert "actor_infer" in stderr and "rank 0" in stderr, stderr[-3000:]
     assert took < 120, took
+    start = time.monotonic()
     left = watch.leftovers()
     assert any(name.startswith("psm_") for name in watch.files), watch.files
+    print(
+        f"\nleak watch: {watch.polls} polls, {watch.poll_s:.1f} s; waited "
+        f"{time.monotonic() - start:.1f} s for the run's processes to exit; run took {took:.0f} s"
+        " from the kill"
+    )
     assert not left, left.describe()
     swept = [line for line in log.read_text().splitlines() if "/dev/shm file(s)" in line]
     print(f"\n/dev/shm held by the run: {sorted(watch.files)}; swept at its end: {swept}")
