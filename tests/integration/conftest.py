@@ -61,4 +61,9 @@ def no_leaks_at_session_end():
     if ray is not None and ray.is_initialized():
         ray.shutdown()  # a Ray a test left up would be shut down at exit anyway
     left = watch.leftovers()
+    print(
+        f"\nleak check: the session's {len(watch.processes)} processes held "
+        f"{len(watch.files)} /dev/shm file(s); {len(left.files)} left, "
+        f"{len(left.processes)} process(es) alive"
+    )
     assert not left, f"the integration tests left behind:\n{left.describe()}"
