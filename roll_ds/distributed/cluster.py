@@ -279,7 +279,11 @@ class PendingCall:
 
     def get(self, timeout_s: float | None = None) -> Any:
         timeout_s = self.cluster.call_timeout_s if timeout_s is None else timeout_s
-        results = self.cluster._gather(self.method, self.ranks, self.refs, timeout_s)
+        try:
+            results = self.cluster._gather(self.method, self.ranks, self.refs, timeout_s)
+        finally:
+            # Drop the finished calls now: a held ref would keep its result in the object store.
+            self.cluster._in_flight = self.cluster._unfinished()
         return collect(self.spec, results)
 
 
