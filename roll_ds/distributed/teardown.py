@@ -115,9 +115,8 @@ def close_clusters(clusters: Iterable[Cluster], timeout_s: float) -> list[str]:
 
 
 def shutdown_clusters(clusters: Sequence[Cluster], close_timeout_s: float | None = None) -> None:
-    """``Cluster.shutdown`` of every cluster with their ranks closed at once, under one bound
-    (``Cluster``'s ``CLOSE_TIMEOUT_S`` by default): a failed run's stuck ranks cost one wait,
-    not one per role."""
+    """``Cluster.shutdown`` of every cluster with their idle ranks closed at once, under one
+    bound (``CLOSE_TIMEOUT_S`` by default): late ranks cost one wait, not one per role."""
     if not clusters or not ray.is_initialized():
         for cluster in clusters:
             cluster.shutdown(close_timeout_s=0)
