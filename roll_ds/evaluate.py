@@ -147,6 +147,7 @@ def eval_config(cfg: RLVRConfig, model_dir: str | Path) -> RLVRConfig:
 def evaluate_model(cfg: RLVRConfig, model_dir: str | Path) -> tuple[dict[str, float], int]:
     """Start the rollout and reward roles on the model at ``model_dir`` and evaluate it as the
     training loop does; returns the metrics and the number of held-out prompts."""
+    from roll_ds.pipeline.launch import stop_local_ray
     from roll_ds.pipeline.rlvr import RLVRPipeline
 
     # data and environments read exactly as training reads them
@@ -160,6 +161,7 @@ def evaluate_model(cfg: RLVRConfig, model_dir: str | Path) -> tuple[dict[str, fl
         return metrics, len(pipeline.tasks.eval_rows) + episodes
     finally:
         pipeline.shutdown()
+        stop_local_ray(pipeline)  # a Ray it joined stays up
 
 
 # --- the report ------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from roll_ds.distributed.dispatch import DispatchSpec, collect, dispatch_spec, split_call
 from roll_ds.distributed.errors import ClusterError, WorkerError, WorkerTimeoutError
 from roll_ds.distributed.resource_manager import ActorPlacement, ResourceManager
+from roll_ds.distributed.shm import ShmLedger
+from roll_ds.distributed.teardown import CLOSE_TIMEOUT_S, close_clusters, record_shm, sweep_shm
 from roll_ds.distributed.worker import Worker, node_probe
 
 
@@ -61,6 +63,8 @@ class Cluster:
         self.call_timeout_s = call_timeout_s
         self.infos: list[dict[str, Any]] = []
         self.actors: list[ActorHandle] = []
+        self.shm = ShmLedger()  # the /dev/shm files the ranks held (record_shm, shutdown)
+        self._in_flight: list[tuple[int, ray.ObjectRef]] = []  # (rank, call) not yet seen done
         device_resource = resource_manager.plan.device_resource if resource_manager else None
 
         start = time.perf_counter()
@@ -77,7 +81,7 @@ class Cluster:
             )
             self.infos = self._wait_started(start_timeout_s)
         except BaseException:
-            self.shutdown()
+            self.shutdown(close_timeout_s=0)  # nothing was built yet: no call to wait for
             raise
         self.start_s = time.perf_counter() - start
 
@@ -170,7 +174,22 @@ class Cluster:
         spec = dispatch_spec(self.worker_cls, method)
         calls = split_call(spec, self.world_size, args, kwargs)
         refs = [getattr(self.actors[r], method).remote(*a, **kw) for r, a, kw in calls]
-        return PendingCall(self, method, spec, [r for r, _, _ in calls], refs)
+        ranks = [r for r, _, _ in calls]
+        self._in_flight = [*self._unfinished(), *zip(ranks, refs, strict=True)]
+        return PendingCall(self, method, spec, ranks, refs)
+
+    def busy_ranks(self) -> set[int]:
+        """Ranks with a call of this cluster's that has not returned (running, queued or stuck:
+        ``shutdown`` does not wait on their ``close``)."""
+        return {rank for rank, _ in self._unfinished()}
+
+    def _unfinished(self) -> list[tuple[int, ray.ObjectRef]]:
+        if not self._in_flight:
+            return []
+        refs = [ref for _, ref in self._in_flight]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        finished = set(done)
+        return [(rank, ref) for rank, ref in self._in_flight if ref not in finished]
 
     def _gather(
         self, method: str, ranks: list[int], refs: list[ray.ObjectRef], timeout_s: float | None
@@ -208,12 +227,29 @@ class Cluster:
 
     # --- teardown ------------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        """Kill every actor of the role (placement groups stay with the ResourceManager)."""
+    def record_shm(self) -> None:
+        """Remember the ``/dev/shm`` files the ranks (and their child processes) hold now, so
+        ``shutdown`` can remove them even if a rank dies first (``roll_ds/distributed/shm.py``).
+        Call it once the ranks have built what they hold (after ``initialize``)."""
+        record_shm(self.shm, [self])
+
+    def shutdown(self, close_timeout_s: float = CLOSE_TIMEOUT_S) -> dict[str, int]:
+        """End the role without leaving anything behind (placement groups stay with the
+        ResourceManager): ``close`` every idle rank (bounded by ``close_timeout_s``; 0: skip,
+        the caller closed them; a busy rank would answer only after its call), kill them all,
+        then unlink the ``/dev/shm`` files they held that are still there (a rank that died,
+        was busy, or did not close in time); returns those ``{name: bytes}``."""
+        if self.actors and ray.is_initialized():
+            self.record_shm()
+            if close_timeout_s > 0:
+                close_clusters([self], close_timeout_s)
         for actor in self.actors:
             with contextlib.suppress(Exception):  # best effort: Ray may already be gone
                 ray.kill(actor, no_restart=True)
         self.actors = []
+        if self.shm.files and ray.is_initialized():
+            return sweep_shm(self.shm)
+        return {}
 
     def __enter__(self) -> Cluster:
         return self
@@ -243,7 +279,11 @@ class PendingCall:
 
     def get(self, timeout_s: float | None = None) -> Any:
         timeout_s = self.cluster.call_timeout_s if timeout_s is None else timeout_s
-        results = self.cluster._gather(self.method, self.ranks, self.refs, timeout_s)
+        try:
+            results = self.cluster._gather(self.method, self.ranks, self.refs, timeout_s)
+        finally:
+            # Drop the finished calls now: a held ref would keep its result in the object store.
+            self.cluster._in_flight = self.cluster._unfinished()
         return collect(self.spec, results)
 
 

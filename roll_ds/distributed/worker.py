@@ -117,6 +117,15 @@ class Worker:
         )
 
     @register(Dispatch.ALL)
+    def close(self) -> None:
+        """Free what would outlive this process if it were SIGKILLed (``ray.kill``), before
+        ``Cluster`` kills it: here the process groups; subclasses free their strategy or scorer
+        first (a vLLM engine's shared-memory queues, its worker processes), then call this."""
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    @register(Dispatch.ALL)
     def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(self, *args, **kwargs)`` on the worker (debugging, one-off setup)."""
         return fn(self, *args, **kwargs)

@@ -23,13 +23,25 @@ def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
     except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
         print(f"roll_ds: {exc}", file=sys.stderr)
         sys.exit(2)
-    pipeline.start()
     try:
+        pipeline.start()  # inside the try: a start-up that fails (or a Ctrl-C) still tears down
         rows = pipeline.run()
     finally:
         pipeline.shutdown()
+        stop_local_ray(pipeline)
     _summarise(rows, pipeline.out_dir, getattr(pipeline, "exported", None))
     return rows
+
+
+def stop_local_ray(pipeline) -> None:
+    """Shut down the Ray this run started (its raylet, object store, idle workers): at once,
+    not at interpreter exit, where a Ctrl-C or an exception can leave them running. A Ray
+    cluster the run joined (``ray.address``) stays up for its other users."""
+    connection = getattr(pipeline, "ray", None)
+    if connection is not None and connection.started_local:
+        import ray
+
+        ray.shutdown()
 
 
 def _summarise(rows: list[dict[str, float]], out_dir, exported: os.PathLike | None = None) -> None:

@@ -122,6 +122,10 @@ class RLVRPipeline:
             cfg, self.clusters, device_resource, self.out_dir, eval_only=eval_only
         )
         initialize_roles(self.clusters, self.colocation, [*roles, *reward_roles(cfg)])
+        # Every worker is up and idle: the /dev/shm files its libraries made are there now, and
+        # recorded even if the worker dies later (distributed/shm.py: the sweep at shutdown).
+        for cluster in self.clusters.values():
+            cluster.record_shm()
         if cfg.train_env_manager.tags or cfg.val_env_manager.tags:
             from roll_ds.agentic.env_pool import RayEnvPool
 
@@ -153,14 +157,18 @@ class RLVRPipeline:
 
     def shutdown(self) -> None:
         """Stop every role's actors and give their placement groups back, so the same Ray
-        session can start another pipeline (benchmarks and tests do)."""
+        session can start another pipeline (benchmarks and tests do); nothing of the run is
+        left: the workers close first (their engines and process groups unlink their shared
+        memory), are then killed, and the /dev/shm files a dead or stuck worker left are
+        swept (``roll_ds/distributed/teardown.py``)."""
+        from roll_ds.distributed.teardown import shutdown_clusters
+
         if self.rollouts is not None:
             self.rollouts.close()
         if self.env_pool is not None:
             self.env_pool.shutdown()
             self.env_pool = None
-        for cluster in self.clusters.values():
-            cluster.shutdown()
+        shutdown_clusters(list(self.clusters.values()))
         self.clusters = {}
         resources = getattr(self, "resources", None)
         if resources is not None:

@@ -47,6 +47,14 @@ class StrategyWorker(Worker):
         self.strategy.initialize()
         return {"rank": self.rank}
 
+    @register(Dispatch.ALL)
+    def close(self) -> None:
+        """Close the strategy (``Worker.close``: why), then the process groups."""
+        strategy, self.strategy = self.strategy, None
+        if strategy is not None and hasattr(strategy, "close"):
+            strategy.close()
+        super().close()
+
     @register(Dispatch.DP)
     def compute_logprobs(
         self,
@@ -273,6 +281,14 @@ class RewardWorker(Worker):
         self.scorer = build_role_scorer(self.reward_cfg, self.ctx)
         self.scorer.warmup()
         return {"rank": self.rank}
+
+    @register(Dispatch.ALL)
+    def close(self) -> None:
+        """Stop the scorer's processes and servers (``Worker.close``: why)."""
+        scorer, self.scorer = self.scorer, None
+        if scorer is not None:
+            scorer.close()
+        super().close()
 
     @register(Dispatch.DP)
     def score(self, batch: Batch) -> Batch:

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from _leaks import LeakWatch, Leftovers
+
 from roll_ds.config.compose import PROJECT_ROOT
 
 SMALL = [
@@ -63,6 +65,31 @@ def run(
         timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+
+
+def run_watched(
+    out_dir: Path, *extra: str, timeout: float = 600, config: str = "rlvr_lora_zero3"
+) -> tuple[subprocess.CompletedProcess, Leftovers, LeakWatch]:
+    """``run`` under a ``LeakWatch`` (``_leaks.py``): also what the run left behind, and what
+    it held while it ran."""
+    cmd = command(out_dir, *extra, config=config)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    watch = LeakWatch(proc.pid)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    left = watch.leftovers()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), left, watch
 
 
 def metrics(out_dir: Path, exp_name: str = "rlvr_lora_zero3") -> list[dict]:

@@ -4,16 +4,22 @@ unsatisfiable placement fails fast. One local Ray with devices as CPU slots (the
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import sys
 import time
+import uuid
 
 import pytest
 
 ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
-from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.placement_group import (  # noqa: E402
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
 from roll_ds.distributed.cluster import Cluster  # noqa: E402
 from roll_ds.distributed.dispatch import Dispatch, register  # noqa: E402
@@ -50,6 +56,29 @@ class Flaky(Worker):
         time.sleep(seconds)
 
 
+class ShmHolder(Worker):
+    """Holds a file of its own in /dev/shm, as a vLLM engine or DeepSpeed's shm op does;
+    its ``close`` unlinks it, as theirs do at an orderly end."""
+
+    def make(self, prefix: str) -> str:
+        import mmap
+
+        self.path = f"/dev/shm/{prefix}_{self.rank}"
+        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(fd, 1 << 20)
+        self.map = mmap.mmap(fd, 1 << 20)
+        os.close(fd)
+        return os.path.basename(self.path)
+
+    def crash_on(self, rank: int) -> int:
+        return Flaky.crash_on(self, rank)
+
+    @register(Dispatch.ALL)
+    def close(self) -> None:
+        os.unlink(self.path)
+        super().close()
+
+
 class BrokenInit(Worker):
     def __init__(self) -> None:
         super().__init__()
@@ -77,6 +106,12 @@ def rm(local_ray):
     ).reserve()
     yield manager
     manager.release()
+    left = {
+        pg["name"]: pg["state"]
+        for pg in placement_group_table().values()
+        if pg["name"].startswith("roll_ds-") and pg["state"] != "REMOVED"
+    }
+    assert not left, f"placement groups left after release: {left}"
 
 
 def test_connect_started_a_local_ray(local_ray):
@@ -184,3 +219,47 @@ def test_held_resources_fail_fast_instead_of_waiting(local_ray, rm):
         assert "free in the Ray cluster (total 4)" in str(err)
     finally:
         remove_placement_group(hog)
+
+
+@pytest.fixture
+def shm_prefix():
+    prefix = f"roll_ds_test_{uuid.uuid4().hex[:8]}"
+    yield prefix
+    for path in glob.glob(f"/dev/shm/{prefix}_*"):  # whatever a failing test left
+        os.unlink(path)
+
+
+def test_a_crashed_rank_and_a_stuck_one_leave_no_shm_file_and_no_wait(rm, shm_prefix):
+    """Rank 0 SIGKILLed mid-call (its file recorded after start-up, its holder gone), rank 1
+    stuck in the same call (not closed: it would answer after 600 s): ``shutdown`` kills both at
+    once and sweeps both files, and leaves the file it did not see a rank hold."""
+    train = Cluster("actor_train", ShmHolder, rm)
+    other = f"/dev/shm/{shm_prefix}_other"  # another run's: made by this process, not a rank
+    with open(other, "wb") as f:
+        f.write(b"x")
+    try:
+        names = train.make(shm_prefix)
+        train.record_shm()
+        assert set(train.shm.recorded(train.infos[0]["node_id"])) == set(names)
+        err, _ = elapsed(lambda: train.crash_on(0))
+        assert isinstance(err, WorkerError) and err.rank == 0
+        assert train.busy_ranks() == {1}
+    finally:
+        start = time.perf_counter()
+        removed = train.shutdown()
+        took = time.perf_counter() - start
+    assert sorted(removed) == sorted(names) and took < 10, (removed, took)
+    assert glob.glob(f"/dev/shm/{shm_prefix}_*") == [other]
+
+
+def test_idle_ranks_close_before_the_kill(rm, shm_prefix):
+    """An orderly end: every rank's ``close`` runs (and unlinks its file) before the kill, so
+    the sweep finds nothing left; the bundles go back to the manager."""
+    train = Cluster("actor_train", ShmHolder, rm)
+    try:
+        train.make(shm_prefix)
+        train.record_shm()
+    finally:
+        assert train.shutdown() == {}
+    assert glob.glob(f"/dev/shm/{shm_prefix}_*") == []
+    Cluster("actor_train", Flaky, rm).shutdown()  # the bundles are free again

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _leaks import LeakWatch
 from _pipeline_run import (
     assert_same_metrics,
     command,
@@ -70,14 +71,19 @@ def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: 
 
 
 def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
+    """The engine core runs in a process of its own (as on GPU) so the killed rollout actor
+    leaves vLLM's message queues in /dev/shm, with nobody left to unlink them: the failed
+    run's shutdown sweeps them, and no process of the run outlives it."""
+    multiproc = '+actor_infer.system_envs.ROLL_DS_VLLM_MULTIPROC="1"'
     proc = subprocess.Popen(
-        command(tmp_path, *ASYNC, "max_steps=200", "save_steps=0", "eval_steps=0"),
+        command(tmp_path, *ASYNC, "max_steps=200", "save_steps=0", "eval_steps=0", multiproc),
         cwd=PROJECT_ROOT,
-        stdout=subprocess.DEVNULL,
+        stdout=(log := tmp_path / "stdout.log").open("w"),  # Hydra logs there
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+    watch = LeakWatch(proc.pid)
     metrics_file = tmp_path / "rlvr_lora_zero3" / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 600
@@ -101,6 +107,17 @@ def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
     assert proc.returncode != 0
     assert "actor_infer" in stderr and "rank 0" in stderr, stderr[-3000:]
     assert took < 120, took
+    start = time.monotonic()
+    left = watch.leftovers()
+    assert any(name.startswith("psm_") for name in watch.files), watch.files
+    print(
+        f"\nleak watch: {watch.polls} polls, {watch.poll_s:.1f} s; waited "
+        f"{time.monotonic() - start:.1f} s for the run's processes to exit; run took {took:.0f} s"
+        " from the kill"
+    )
+    assert not left, left.describe()
+    swept = [line for line in log.read_text().splitlines() if "/dev/shm file(s)" in line]
+    print(f"\n/dev/shm held by the run: {sorted(watch.files)}; swept at its end: {swept}")
 
 
 STREAM = ("async_generation.max_staleness=2", "async_generation.mode=stream")

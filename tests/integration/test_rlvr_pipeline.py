@@ -14,6 +14,7 @@ from _pipeline_run import (
     assert_same_metrics,
     metrics,
     run,
+    run_watched,
     served_syncs,
     sigkill_after_first_checkpoint,
 )
@@ -105,8 +106,10 @@ def test_adapter_sync_over_a_collective_group(straight: Path, tmp_path: Path):
 def test_two_steps_across_vllms_process_boundary(tmp_path: Path):
     """``ROLL_DS_VLLM_MULTIPROC=1`` (the role's system_envs): the engine core and its worker are
     processes of their own as on GPU, so the collective seats and the adapter target cross
-    vLLM's serializer; every sync still reaches parity with the trainer."""
-    result = run(
+    vLLM's serializer; every sync still reaches parity with the trainer. The run leaves
+    nothing behind: vLLM's message queues in /dev/shm (``psm_*``, 400 MB of them before the
+    workers closed at shutdown) and every process it started are gone once it ends."""
+    result, left, watch = run_watched(
         tmp_path,
         "max_steps=2",
         "save_steps=0",
@@ -117,6 +120,8 @@ def test_two_steps_across_vllms_process_boundary(tmp_path: Path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "(EngineCore pid=" in result.stdout  # the engine core logged from its own process
+    assert any(name.startswith("psm_") for name in watch.files), watch.files  # it had some
+    assert not left, left.describe()
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:

@@ -1,0 +1,139 @@
+"""A run's orderly end over its clusters: record the ``/dev/shm`` files the workers hold, close
+the workers (so their libraries unlink what they made), kill them, and sweep what a worker that
+died or did not close in time left (``shm.py``: what creates each file, why it survives).
+
+    cluster.record_shm()                  # after initialize: every rank is alive and idle
+    ...
+    cluster.shutdown()                    # record again, close (bounded), ray.kill, sweep
+    shutdown_clusters(clusters)           # the same for several roles, one shared bound
+
+The scan reads ``/proc`` of the actor processes and their children, on the actor's node: in the
+driver for its own node, in a pinned 0-CPU task elsewhere. It never calls the actors, so a
+worker busy in (or stuck on) a call is scanned all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from roll_ds.distributed.shm import ShmLedger, scan, unlink_recorded
+
+logger = logging.getLogger(__name__)
+
+REMOTE_TIMEOUT_S = 30.0  # a scan or sweep task on another node
+# How long a shutdown waits for the ranks' ``close``: a vLLM engine's shutdown waits up to 5 s
+# for its worker processes; a rank stuck in a call (a failed run) is killed after it.
+CLOSE_TIMEOUT_S = 30.0
+
+# The functions take ``Cluster``s (``cluster.py`` imports this module, not the other way):
+# ``.name``, ``.actors``, ``.infos``, ``.shm``, ``.record_shm()``, ``.shutdown()``.
+Cluster = Any
+
+
+def worker_pids(clusters: Iterable[Cluster]) -> dict[str | None, list[int]]:
+    """``{node id: [pid]}`` of every started rank (``Cluster.infos``, filled at start-up)."""
+    by_node: dict[str | None, list[int]] = {}
+    for cluster in clusters:
+        for info in cluster.infos:
+            if info.get("pid"):
+                by_node.setdefault(info.get("node_id"), []).append(int(info["pid"]))
+    return by_node
+
+
+def record_shm(ledger: ShmLedger, clusters: Iterable[Cluster]) -> None:
+    """Add to ``ledger`` the files the clusters' processes (and their children) hold now."""
+    for node, pids in worker_pids(clusters).items():
+        try:
+            ledger.record(node, _on_node(node, scan, pids))
+        except Exception as exc:  # a node that is gone: its files went with it
+            logger.warning("could not list the /dev/shm files held on node %s: %s", node, exc)
+
+
+def sweep_shm(ledger: ShmLedger) -> dict[str, int]:
+    """Unlink the recorded files still there (the workers are dead); ``{name: bytes}``."""
+    removed: dict[str, int] = {}
+    for node in list(ledger.files):
+        try:
+            removed.update(_on_node(node, unlink_recorded, ledger.files.pop(node)))
+        except Exception as exc:
+            logger.warning("could not sweep /dev/shm on node %s: %s", node, exc)
+    if removed:
+        logger.warning(
+            "removed %d /dev/shm file(s) (%.1f MB) the run's workers left: %s",
+            len(removed),
+            sum(removed.values()) / 1e6,
+            ", ".join(sorted(removed)),
+        )
+    return removed
+
+
+def close_clusters(clusters: Iterable[Cluster], timeout_s: float) -> list[str]:
+    """Call ``close`` on every idle rank of every cluster at once and wait at most
+    ``timeout_s`` in all; returns the ``role rank`` of those that did not close (busy in a
+    call of the cluster's, dead, failed, or late: the kill that follows ends them, the sweep
+    removes their files)."""
+    pending = {}
+    unclosed = []
+    for cluster in clusters:
+        busy = cluster.busy_ranks()
+        for rank, actor in enumerate(cluster.actors):
+            if rank in busy:  # its close would wait behind the call, maybe a stuck one
+                unclosed.append(f"{cluster.name} rank {rank}")
+                continue
+            try:
+                pending[actor.close.remote()] = f"{cluster.name} rank {rank}"
+            except Exception:  # a handle Ray already dropped: nothing to close
+                continue
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        ready, _ = ray.wait(
+            list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+        )
+        if not ready:
+            break
+        ref = ready[0]
+        who = pending.pop(ref)
+        try:
+            ray.get(ref)
+        except Exception as exc:
+            unclosed.append(who)
+            logger.info("%s did not close cleanly: %s", who, str(exc).splitlines()[0])
+    unclosed += pending.values()
+    if pending:
+        logger.warning(
+            "%s did not close within %.0f s; killing them",
+            ", ".join(pending.values()),
+            timeout_s,
+        )
+    return unclosed
+
+
+def shutdown_clusters(clusters: Sequence[Cluster], close_timeout_s: float | None = None) -> None:
+    """``Cluster.shutdown`` of every cluster with their idle ranks closed at once, under one
+    bound (``CLOSE_TIMEOUT_S`` by default): late ranks cost one wait, not one per role."""
+    if not clusters or not ray.is_initialized():
+        for cluster in clusters:
+            cluster.shutdown(close_timeout_s=0)
+        return
+    for cluster in clusters:
+        cluster.record_shm()  # what was made since start-up, by the ranks still alive
+    close_clusters(clusters, CLOSE_TIMEOUT_S if close_timeout_s is None else close_timeout_s)
+    for cluster in clusters:
+        cluster.shutdown(close_timeout_s=0)
+
+
+def _on_node(node: str | None, fn, *args):
+    """``fn(*args)`` on ``node``: here when it is the driver's node (or unknown), else in a
+    0-CPU task pinned there."""
+    if node is None or node == ray.get_runtime_context().get_node_id():
+        return fn(*args)
+    task = ray.remote(fn).options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+    )
+    return ray.get(task.remote(*args), timeout=REMOTE_TIMEOUT_S)
