@@ -20,10 +20,9 @@ from roll_ds.config.deepspeed import (
     fp16_train_problems,
     nvme_paths,
     role_nvme_dir,
-    zeropp_device_problems,
-    zeropp_topology_problems,
 )
 from roll_ds.config.schema import RLVRConfig, WorkerConfig
+from roll_ds.config.zeropp import zeropp_device_problems, zeropp_topology_problems
 
 if TYPE_CHECKING:
     from roll_ds.config.role_placement import RolePlacement

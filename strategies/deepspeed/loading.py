@@ -27,9 +27,9 @@ from roll_ds.config.deepspeed import (
     frozen_base_whole,
     nvme_paths,
     zero_stage,
-    zeropp_keys,
 )
 from roll_ds.config.schema import ModelArgs, TrainingArgs
+from roll_ds.config.zeropp import zeropp_keys
 from roll_ds.models.frozen_base import keep_frozen_base_whole
 from roll_ds.models.loading import apply_lora, load_causal_lm
 from roll_ds.models.value_model import apply_value_lora, load_value_model

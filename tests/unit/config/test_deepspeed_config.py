@@ -12,10 +12,8 @@ from roll_ds.config.deepspeed import (
     nvme_paths,
     offload_devices,
     zero_stage,
-    zeropp_device_problems,
-    zeropp_keys,
-    zeropp_topology_problems,
 )
+from roll_ds.config.zeropp import zeropp_device_problems, zeropp_keys, zeropp_topology_problems
 
 PRESETS = Path(__file__).resolve().parents[3] / "examples" / "config"
 
