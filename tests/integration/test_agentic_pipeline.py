@@ -116,6 +116,9 @@ def test_agentic_run_trains_on_multi_turn_episodes(straight: Path):
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+# Slow (CI keeps the kill -9 / resume of episodes in test_mixed_pipeline.py, where rows and
+# episodes share one batch): each such test is a killed run plus a resumed one, ~100 s.
+@pytest.mark.slow
 def test_agentic_resume_after_sigkill_matches(straight: Path, small, tmp_path: Path):
     assert sigkill_after_first_checkpoint(tmp_path, *small, config=CONFIG) == "step_000002"
     resumed = run(tmp_path, *small, "resume_from_checkpoint=latest", config=CONFIG)

@@ -61,6 +61,9 @@ def test_batches_are_one_version_old_and_corrected(straight: Path):
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
 
 
+# Slow (CI keeps the kill -9 / resume of async batch k=1 in test_mixed_pipeline.py, where rows and
+# episodes share one batch): each such test is a killed run plus a resumed one, ~100 s.
+@pytest.mark.slow
 def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: Path):
     assert sigkill_after_first_checkpoint(tmp_path, *ASYNC) == "step_000002"
     checkpoint = tmp_path / "rlvr_lora_zero3" / "checkpoints" / "step_000002"
@@ -123,6 +126,9 @@ def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
 STREAM = ("async_generation.max_staleness=2", "async_generation.mode=stream")
 
 
+# Slow (CI keeps the kill -9 / resume of stream k=2 in test_mixed_pipeline.py, where rows and
+# episodes share one batch): each such test is a killed run plus a resumed one, ~100 s.
+@pytest.mark.slow
 def test_streaming_two_versions_ahead_then_sigkill_and_resume(tmp_path: Path):
     """``mode=stream``: batches of steps t+1 and t+2 generate in the engine's request stream
     while step t trains; each sync pauses it between decode steps. Staleness is bounded by

@@ -143,6 +143,9 @@ def test_resume_restores_the_critic(straight: Path, tmp_path: Path):
 FULL_CRITIC = ("critic.model_args.lora_rank=null",)
 
 
+# Slow: a third critic run (~70 s); CI keeps the passes of ppo_epochs > 1 for actor and critic in
+# tests/unit/pipeline/test_passes.py (without a run).
+@pytest.mark.slow
 def test_two_ppo_epochs_reuse_the_rollout(straight: Path, tmp_path: Path):
     """``algorithm.ppo_epochs=2``: the same step-1 rollout, then two passes over it. Pass 1 is
     the straight run's training (on-policy, ratio 1); pass 2 sees the updated weights, so the

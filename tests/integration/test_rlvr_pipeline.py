@@ -70,6 +70,9 @@ def test_pipeline_runs_and_reports(straight: Path):
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000004"
 
 
+# Slow (CI keeps the kill -9 / resume of the synchronous path in test_mixed_pipeline.py, where
+# rows and episodes share one batch): each such test is a killed run plus a resumed one, ~100 s.
+@pytest.mark.slow
 def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: Path):
     assert sigkill_after_first_checkpoint(tmp_path) == "step_000002"
 
