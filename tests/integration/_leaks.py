@@ -18,6 +18,10 @@ import psutil
 
 from roll_ds.distributed.shm import SHM_DIR, held_files, process_tree
 
+# The multiprocessing resource tracker a test's spawned processes start as a child of the watched
+# process itself (pytest): it lives until that process exits, by design, and holds no files.
+OWN_HELPER = "multiprocessing.resource_tracker"
+
 
 @dataclass
 class Leftovers:
@@ -72,7 +76,10 @@ class LeakWatch:
             if pid not in self.processes:
                 try:
                     proc = psutil.Process(pid)
-                    self.processes[pid] = (proc.create_time(), " ".join(proc.cmdline())[:160])
+                    cmd = " ".join(proc.cmdline())
+                    if proc.ppid() == self.root and OWN_HELPER in cmd:
+                        continue  # the watched process's own; it exits with it
+                    self.processes[pid] = (proc.create_time(), cmd[:160])
                 except psutil.Error:
                     continue
             for name, inode in held_files([pid]).items():
