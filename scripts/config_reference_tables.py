@@ -8,9 +8,13 @@ from typing import Any
 
 from roll_ds.config import agentic, ranges, schema
 from roll_ds.config.checks.pipeline import ASYNC_MODES
+from roll_ds.config.compose import PROJECT_ROOT
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS
 from roll_ds.config.strategies import STRATEGY_SPECS
 from roll_ds.platform import DEVICES
+
+# The DeepSpeed presets of examples/config, each a top-level key the composition reads.
+PRESET_NAMES = tuple(sorted(p.stem for p in (PROJECT_ROOT / "examples" / "config").glob("*.yaml")))
 
 # The allowed values of each section's scalar fields: ranges.py's tables, plus names listed by
 # torch-free modules that validation checks them against.
@@ -136,15 +140,7 @@ TOP_LEVEL_GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
         "`packing.py`), the rollout engines (`max_model_len`)",
     ),
     "Composition": (
-        (
-            "replace",
-            "deepspeed_zero",
-            "deepspeed_zero2",
-            "deepspeed_zero2_cpuoffload",
-            "deepspeed_zero3",
-            "deepspeed_zero3_cpuoffload",
-            "deepspeed_zero3_nvme",
-        ),
+        ("replace", *PRESET_NAMES),
         "composition (`roll_ds/config/replace.py`); a preset is read by the roles whose "
         "`strategy_config` names it (`${deepspeed_zero3}`), through `roll_ds/config/deepspeed.py`",
     ),

@@ -187,17 +187,7 @@ def test_bad_values(cfg, message):
     assert any(p.startswith(message) for p in problems), problems
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "deepspeed_zero",
-        "deepspeed_zero2",
-        "deepspeed_zero2_cpuoffload",
-        "deepspeed_zero3",
-        "deepspeed_zero3_cpuoffload",
-        "deepspeed_zero3_nvme",
-    ],
-)
+@pytest.mark.parametrize("name", sorted(p.stem for p in PRESETS.glob("*.yaml")))
 def test_presets_pass_the_checks(name):
     assert check_deepspeed_config(preset(name), name) == []
 
