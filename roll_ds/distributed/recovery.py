@@ -105,7 +105,8 @@ class Recovery:
         )
         for rank in ranks:
             cluster.replace_rank(rank)
-        cluster.call_ranks("initialize", ranks)
+        if callable(getattr(cluster.worker_cls, "initialize", None)):  # as at start
+            cluster.call_ranks("initialize", ranks)
         restore = self._restore[role]
         if restore is not None:
             restore(cluster, ranks)

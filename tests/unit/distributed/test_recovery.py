@@ -13,6 +13,10 @@ from roll_ds.distributed.errors import WorkerError, WorkerTimeoutError
 from roll_ds.distributed.recovery import CallBounds, Recovery, is_dead
 
 
+class _Worker:
+    def initialize(self) -> None: ...
+
+
 class FakeCluster:
     """Ranks answer ``rank * 10 + generation``; ``fail`` lists, per rank, the errors its next
     attempts raise (a rank's generation goes up each time it is replaced)."""
@@ -21,6 +25,7 @@ class FakeCluster:
         self.name, self.world_size, self.fail = name, world_size, fail
         self.generation = [0] * world_size
         self.recovery = None
+        self.worker_cls = _Worker
         self.call_timeout_s = 5.0
         self._in_flight: list = []
         self.log: list[tuple] = []
