@@ -250,6 +250,8 @@ class RLVRPipeline:
         metrics.update(rollout_stats)
         if self.recovery is not None:  # faults/<role>/*: ranks replaced
             metrics.update(self.recovery.pop_metrics())
+        if getattr(self.env_pool, "restarts", 0):  # hosts the pool replaced itself
+            metrics["faults/env_hosts/restarts"] = float(self.env_pool.restarts)
         colocation_s = self.colocation.pop_seconds() if self.colocation.active else None
         metrics.update(self.colocation.pop_memory())  # the roles' device memory (GPUs)
         add_step_totals(metrics, timings, batch, colocation_s)
