@@ -12,6 +12,8 @@ Not replaced, and why:
   checkpoint: ``resume_from_checkpoint``).
 - roles the colocation choreography manages (they take turns on GPUs with the trainers; a new
   rank would have to join that dance in the middle of a phase).
+- a role of several DeepSpeed ranks (a reference or reward model on ``deepspeed_*``): its ranks
+  share a process group at start, which a new rank cannot join alone.
 - actor_infer under ``async_generation`` (its calls come from driver threads, and a streamed
   request lives in the engine that died).
 Environment hosts (``roll_ds/agentic/env_pool.py``) replace themselves: a dead host's episodes
@@ -45,7 +47,7 @@ def watch_stateless(
     plan = colocation.plan
     managed = {*plan.engines, *plan.trainers, *plan.late_start}
     for name, cluster in clusters.items():
-        if not is_stateless(name) or name in managed:
+        if not is_stateless(name) or name in managed or _in_a_group(cfg, name, cluster):
             continue
         if name == "actor_infer":
             if cfg.async_generation.max_staleness > 0:
@@ -54,3 +56,11 @@ def watch_stateless(
         else:
             recovery.watch(cluster)
     return recovery
+
+
+def _in_a_group(cfg: RLVRConfig, name: str, cluster: Any) -> bool:
+    """Whether the role's ranks form a DeepSpeed process group at start (a new rank could not
+    rejoin it)."""
+    role = cfg.rewards.get(name.removeprefix("rewards.")) if "." in name else getattr(cfg, name)
+    strategy = getattr(getattr(role, "strategy_args", None), "strategy_name", None) or ""
+    return cluster.world_size > 1 and strategy.startswith("deepspeed")

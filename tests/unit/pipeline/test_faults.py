@@ -13,8 +13,8 @@ from roll_ds.pipeline.faults import call_bounds, watch_stateless
 ROLES = ("actor_train", "critic", "actor_infer", "reference", "rewards.math", "rewards.judge")
 
 
-def _watched(cfg: RLVRConfig, plan: ColocationPlan | None = None) -> dict[str, bool]:
-    clusters = {name: SimpleNamespace(name=name, recovery=None) for name in ROLES}
+def _watched(cfg: RLVRConfig, plan: ColocationPlan | None = None, size: int = 1) -> dict[str, bool]:
+    clusters = {name: SimpleNamespace(name=name, recovery=None, world_size=size) for name in ROLES}
     sync = SimpleNamespace(restore_engines=lambda cluster, ranks: None)
     recovery = watch_stateless(cfg, clusters, Choreography(plan or ColocationPlan()), sync)
     return {name: c.recovery is recovery for name, c in clusters.items()}
@@ -44,6 +44,16 @@ def test_async_engines_and_colocated_roles_are_left_to_stop_the_run():
     plan = ColocationPlan(engines=("actor_infer",), trainers=("actor_train", "reference"))
     watched = _watched(RLVRConfig(), plan)
     assert not watched["actor_infer"] and not watched["reference"] and watched["rewards.judge"]
+
+
+def test_a_reference_of_several_deepspeed_ranks_is_not_replaced():
+    from roll_ds.config.schema import WorkerConfig
+
+    cfg = RLVRConfig()
+    cfg.reference = WorkerConfig()
+    cfg.reference.strategy_args.strategy_name = "deepspeed_infer"
+    assert _watched(cfg)["reference"]  # one rank: no group to rejoin
+    assert not _watched(cfg, size=2)["reference"]
 
 
 def test_generate_bounds_grow_with_the_tokens():
