@@ -36,6 +36,7 @@ from roll_ds.pipeline.colocation.choreography import GENERATE, TRAIN, Choreograp
 from roll_ds.pipeline.colocation.plan import ColocationPlan
 from roll_ds.pipeline.engines import RolloutEngines
 from roll_ds.pipeline.evaluation import evaluate_policy
+from roll_ds.pipeline.faults import call_bounds, watch_stateless
 from roll_ds.pipeline.logprobs import OldLogprobs, fill_logprobs
 from roll_ds.pipeline.loss_fns import CRITIC_KEYS, TRAIN_KEYS, PolicyLoss, ValueLoss
 from roll_ds.pipeline.passes import train_passes
@@ -102,6 +103,7 @@ class RLVRPipeline:
         self.env_pool: Any = None
         self.rollouts: RolloutPhase | None = None  # start() builds the phases over the roles
         self.policy_sync: PolicySync | None = None
+        self.recovery: Any = None  # start(): replaces dead ranks of stateless roles (faults.py)
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -132,7 +134,7 @@ class RLVRPipeline:
             self.env_pool = RayEnvPool(
                 self.tasks.env_types(), cfg.agentic.step_timeout_s, cfg.agentic.num_env_workers
             )
-        engines = RolloutEngines(self.clusters["actor_infer"])
+        engines = RolloutEngines(self.clusters["actor_infer"], call_bounds(cfg))
         self.policy_sync = PolicySync(
             cfg,
             self.clusters.get("actor_train"),
@@ -152,6 +154,7 @@ class RLVRPipeline:
             queue=self.queue,
             parity=self.policy_sync,
         )
+        self.recovery = watch_stateless(cfg, self.clusters, self.colocation, self.policy_sync)
         if eval_only:  # no trainer to sync from: the engines serve the policy under evaluation
             self.policy_sync.rollout_version = self.policy_version
 
@@ -245,6 +248,10 @@ class RLVRPipeline:
             metrics.update(self.train(batch, step))
         self.policy_version = step + 1
         metrics.update(rollout_stats)
+        if self.recovery is not None:  # faults/<role>/*: ranks replaced
+            metrics.update(self.recovery.pop_metrics())
+        if getattr(self.env_pool, "restarts", 0):  # hosts the pool replaced itself
+            metrics["faults/env_hosts/restarts"] = float(self.env_pool.restarts)
         colocation_s = self.colocation.pop_seconds() if self.colocation.active else None
         metrics.update(self.colocation.pop_memory())  # the roles' device memory (GPUs)
         add_step_totals(metrics, timings, batch, colocation_s)

@@ -264,7 +264,7 @@ def _failure_lines(failed: list[tuple[str, PendingCall]]) -> list[str]:
     lines = []
     for _, call in failed:
         try:
-            call.get(0)
+            call.get(0, recover=False)  # only its error's text: no replacement here
         except Exception as exc:  # WorkerError (or a timeout on a rank still running)
             cause = getattr(exc, "cause", None)
             died = isinstance(cause, ActorDiedError | ActorUnavailableError)
