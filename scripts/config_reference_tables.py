@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from roll_ds.config import agentic, ranges, schema
+from roll_ds.config import agentic, fault_tolerance, ranges, schema
 from roll_ds.config.checks.pipeline import ASYNC_MODES
 from roll_ds.config.compose import PROJECT_ROOT
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS
@@ -40,6 +40,7 @@ RANGES: dict[type, dict[str, Any]] = {
     },
     schema.RayConfig: ranges.RAY,
     schema.TrackingConfig: ranges.TRACKING,
+    fault_tolerance.FaultToleranceConfig: ranges.FAULT_TOLERANCE,
     schema.ValidationConfig: ranges.VALIDATION,
     schema.GeneratingArgs: ranges.GENERATING_ARGS,
     schema.DataArgs: {
@@ -77,6 +78,8 @@ READERS = {
     "`python -m roll_ds.evaluate`",
     "ray": "the driver's Ray connection (`roll_ds/distributed/ray_init.py`)",
     "tracking": "the driver's reporting (`roll_ds/pipeline/reporting.py`, `roll_ds/tracking.py`)",
+    "fault_tolerance": "the driver's restart loop (`roll_ds/pipeline/launch.py`, "
+    "`roll_ds/pipeline/restarts.py`)",
     "<role>": "the role's actors (`roll_ds/pipeline/workers.py`) and their placement "
     "(`roll_ds/distributed/placement.py`); `actor_train` (the `deepspeed_train` trainer), "
     "`actor_infer` (the `vllm` or `hf_infer` rollout engines), `reference` (reference "

@@ -206,6 +206,9 @@ WEIGHT_SYNC: dict[str, Rule] = {
 
 RAY: dict[str, Rule] = {"num_cpus": Range(low=1, null="all CPUs of the machine")}
 TRACKING: dict[str, Rule] = {"dump_rollouts_every": Range(low=0, note="0: never")}
+FAULT_TOLERANCE: dict[str, Rule] = {
+    "max_trainer_restarts": Range(low=0, note="0: a failed trainer rank stops the run")
+}
 VALIDATION: dict[str, Rule] = {"max_prompts": Range(low=1, null="every held-out row")}
 
 

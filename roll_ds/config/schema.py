@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from roll_ds.config.agentic import AgenticConfig, EnvManagerConfig, EnvSpecConfig
+from roll_ds.config.fault_tolerance import FaultToleranceConfig
 
 EMBEDDED_MODEL = "embedded:tiny-qwen2"
 """``pretrain`` of the tiny Qwen2 policy shipped with roll_ds (roll_ds/models/shipped.py)."""
@@ -426,6 +427,8 @@ class RLVRConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # held-out eval
     ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster to connect to
     tracking: TrackingConfig = field(default_factory=TrackingConfig)  # metrics and dumps
+    # Automatic restarts from the latest checkpoint (roll_ds/config/fault_tolerance.py).
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     system_envs: dict[str, str] = field(default_factory=dict)  # env vars of every actor
     # Agentic RL (roll_ds/config/agentic.py): on when train_env_manager.tags is not empty
     custom_envs: dict[str, EnvSpecConfig] = field(default_factory=dict)

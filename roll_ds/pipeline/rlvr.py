@@ -48,6 +48,7 @@ from roll_ds.pipeline.reporting import (
     progress_postfix,
     timed,
 )
+from roll_ds.pipeline.restarts import TrainerRestarts
 from roll_ds.pipeline.rollout_phase import RolloutPhase
 from roll_ds.pipeline.rollout_queue import RolloutQueue
 from roll_ds.pipeline.save_resume import resume_run, save_run_checkpoint
@@ -72,10 +73,12 @@ class RLVRPipeline:
     """The loop over the roles' actors. ``cfg`` has passed ``roll_ds.config.validate`` (the
     entry points validate before building this), so names, modes and roles are not re-checked."""
 
-    def __init__(self, cfg: RLVRConfig) -> None:
+    def __init__(self, cfg: RLVRConfig, *, faults: TrainerRestarts | None = None) -> None:
         from transformers import AutoTokenizer
 
         self.cfg = cfg
+        # The restarts of this run so far (launch.run_pipeline's): faults/* in each logged row.
+        self.faults = faults if faults is not None else TrainerRestarts(cfg)
         self.out_dir = Path(cfg.output_dir) / cfg.exp_name
         algo = cfg.algorithm
         ahead = cfg.async_generation.max_staleness
@@ -195,20 +198,21 @@ class RLVRPipeline:
 
         cfg = self.cfg
         start_step = self._maybe_resume()
+        self.faults.resumed()  # after a restart: back where the failed attempt had got to
         if start_step == 0:  # a fresh run: an earlier run's rollout dumps are not ours
             (self.out_dir / ROLLOUTS_FILE).unlink(missing_ok=True)
         tracker = open_tracker(cfg, self.out_dir, start_step)
         bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
         try:
             if start_step == 0 and cfg.eval_steps:
-                tracker.log(self.evaluate(), step=0)
+                tracker.log({**self.evaluate(), **self.faults.metrics()}, step=0)
             for step in bar:
                 metrics = self.train_one_step(step)
                 done = step + 1
                 if cfg.eval_steps and (done % cfg.eval_steps == 0 or done == cfg.max_steps):
                     metrics.update(self.evaluate())
                 if done % max(cfg.logging_steps, 1) == 0 or done == cfg.max_steps:
-                    tracker.log(metrics, step=done)
+                    tracker.log({**metrics, **self.faults.metrics()}, step=done)
                 bar.set_postfix(progress_postfix(metrics))
                 if cfg.save_steps and done % cfg.save_steps == 0:
                     self.save_checkpoint(done, metrics)
@@ -343,6 +347,7 @@ class RLVRPipeline:
             queue=self.queue,
             model_dir=self.model_dir,
         )
+        self.faults.progress()  # a failure from here on loses only what follows
         if cfg.save_best:
             if self.best is None:  # a resumed run goes on from its record
                 resume = bool(cfg.resume_from_checkpoint)

@@ -16,6 +16,7 @@ def pipeline_field_problems(cfg: RLVRConfig) -> list[str]:
         ("weight_sync", cfg.weight_sync, ranges.WEIGHT_SYNC),
         ("ray", cfg.ray, ranges.RAY),
         ("tracking", cfg.tracking, ranges.TRACKING),
+        ("fault_tolerance", cfg.fault_tolerance, ranges.FAULT_TOLERANCE),
         ("validation", cfg.validation, ranges.VALIDATION),
         ("validation.generating_args", cfg.validation.generating_args, ranges.GENERATING_ARGS),
         ("validation.data_args", cfg.validation.data_args, ranges.DATA_ARGS),
