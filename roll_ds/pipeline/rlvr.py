@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_ds.algorithms.turns import per_turn_advantages
-from roll_ds.checkpoint import BestCheckpoint, CheckpointManager
+from roll_ds.checkpoint import LATEST, BestCheckpoint, CheckpointManager
 from roll_ds.config.estimators import needs_critic
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
@@ -97,6 +97,7 @@ class RLVRPipeline:
         self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
         self.best: BestCheckpoint | None = None  # save_best: the first save sets it up
         self.exported: Path | None = None  # the latest Hugging Face export
+        self.resumed = False  # run() loaded a checkpoint (resume_from_checkpoint)
         self.clusters: dict[str, Any] = {}
         # The trainer's weight version: the number of train steps taken (the engines' is
         # policy_sync.rollout_version).
@@ -350,20 +351,28 @@ class RLVRPipeline:
         self.faults.progress()  # a failure from here on loses only what follows
         if cfg.save_best:
             if self.best is None:  # a resumed run goes on from its record
-                resume = bool(cfg.resume_from_checkpoint)
-                root = self.checkpoints.root
-                self.best = BestCheckpoint(root, cfg.save_best, cfg.save_best_mode, resume=resume)
+                root, mode = self.checkpoints.root, cfg.save_best_mode
+                self.best = BestCheckpoint(root, cfg.save_best, mode, resume=self.resumed)
             self.best.offer(final, step, metrics or {})
         if cfg.export.every_save:
             self.exported = export_run_step(self.actor_train, self.out_dir, step)
         return final
 
     def _maybe_resume(self) -> int:
-        """The step to start from: 0, or that of ``resume_from_checkpoint`` once loaded."""
-        if not self.cfg.resume_from_checkpoint:
+        """The step to start from: 0, or that of ``resume_from_checkpoint`` once loaded.
+        ``latest`` with no checkpoint yet starts at step 0: a job a scheduler requeues runs
+        the same command line at its first start and after (docs/cluster.md)."""
+        which = self.cfg.resume_from_checkpoint
+        if not which:
+            return 0
+        if which == LATEST and self.checkpoints.latest() is None:
+            logger.warning(
+                "resume_from_checkpoint=latest: no checkpoint under %s yet; starting at step 0",
+                self.checkpoints.root,
+            )
             return 0
         step = resume_run(
-            self.cfg.resume_from_checkpoint,
+            which,
             checkpoints=self.checkpoints,
             clusters=self.clusters,
             roles=self._trained_roles,
@@ -371,5 +380,6 @@ class RLVRPipeline:
             queue=self.queue,
             out_dir=self.out_dir,
         )
+        self.resumed = True
         self.policy_version = step
         return step
