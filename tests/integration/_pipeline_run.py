@@ -127,12 +127,17 @@ def sigkill_after_first_checkpoint(
 
 
 def sigkill_worker_after_first_checkpoint(
-    out_dir: Path, *extra: str, worker: str = "ActorTrainWorker", timeout: float = 600
+    out_dir: Path,
+    *extra: str,
+    worker: str = "ActorTrainWorker",
+    timeout: float = 600,
+    config: str = "rlvr_lora_zero3",
 ) -> tuple[subprocess.CompletedProcess, Leftovers, str]:
     """Start a run, SIGKILL one ``worker`` actor's process (one rank) once the run's first
     checkpoint is complete, and let the run go on to its end (under a ``LeakWatch``); returns
-    the run, what it left behind and the killed process's command line."""
-    cmd = command(out_dir, *extra)
+    the run, what it left behind and the killed process's command line (the experiment is
+    named like ``config``)."""
+    cmd = command(out_dir, *extra, config=config)
     proc = subprocess.Popen(
         cmd,
         cwd=PROJECT_ROOT,
@@ -143,7 +148,7 @@ def sigkill_worker_after_first_checkpoint(
         start_new_session=True,
     )
     watch = LeakWatch(proc.pid)
-    latest = out_dir / "rlvr_lora_zero3" / "checkpoints" / "latest"
+    latest = out_dir / config / "checkpoints" / "latest"
     deadline = time.monotonic() + timeout
     try:
         while not latest.exists():
