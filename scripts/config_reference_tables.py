@@ -73,7 +73,8 @@ READERS = {
     "weight_sync": "the policy sync phase and its transports (`roll_ds/pipeline/policy_sync.py`, "
     "`roll_ds/weight_sync/`)",
     "fault_tolerance": "the replacement of dead or stuck workers of stateless roles "
-    "(`roll_ds/pipeline/faults.py`, `roll_ds/distributed/recovery.py`) and the bound of every "
+    "(`roll_ds/pipeline/faults.py`, `roll_ds/distributed/recovery.py`), the driver's restart "
+    "loop (`roll_ds/pipeline/launch.py`, `roll_ds/pipeline/restarts.py`) and the bound of every "
     "actor call (`roll_ds/distributed/cluster.py`, `roll_ds/pipeline/engines.py`)",
     "export": "the loop at each save and at the end (`roll_ds/pipeline/rlvr.py`, "
     "`roll_ds/export.py`)",

@@ -423,7 +423,8 @@ class RLVRConfig:
     async_generation: AsyncGenerationConfig = field(default_factory=AsyncGenerationConfig)
     colocation: ColocationConfig = field(default_factory=ColocationConfig)  # shared GPUs
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)  # trainer -> vLLM
-    # Dead or stuck workers: stateless roles replaced in place; every actor wait bounded.
+    # Dead or stuck workers: stateless roles replaced in place, the run restarted from its
+    # latest checkpoint after a trainer rank dies; every actor wait bounded.
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     export: ExportConfig = field(default_factory=ExportConfig)  # Hugging Face directories
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # held-out eval

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_ds.algorithms.turns import per_turn_advantages
-from roll_ds.checkpoint import BestCheckpoint, CheckpointManager
+from roll_ds.checkpoint import LATEST, BestCheckpoint, CheckpointManager
 from roll_ds.config.estimators import needs_critic
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
@@ -49,6 +49,7 @@ from roll_ds.pipeline.reporting import (
     progress_postfix,
     timed,
 )
+from roll_ds.pipeline.restarts import TrainerRestarts
 from roll_ds.pipeline.rollout_phase import RolloutPhase
 from roll_ds.pipeline.rollout_queue import RolloutQueue
 from roll_ds.pipeline.save_resume import resume_run, save_run_checkpoint
@@ -73,10 +74,12 @@ class RLVRPipeline:
     """The loop over the roles' actors. ``cfg`` has passed ``roll_ds.config.validate`` (the
     entry points validate before building this), so names, modes and roles are not re-checked."""
 
-    def __init__(self, cfg: RLVRConfig) -> None:
+    def __init__(self, cfg: RLVRConfig, *, faults: TrainerRestarts | None = None) -> None:
         from transformers import AutoTokenizer
 
         self.cfg = cfg
+        # The restarts of this run so far (launch.run_pipeline's): faults/* in each logged row.
+        self.faults = faults if faults is not None else TrainerRestarts(cfg)
         self.out_dir = Path(cfg.output_dir) / cfg.exp_name
         algo = cfg.algorithm
         ahead = cfg.async_generation.max_staleness
@@ -95,6 +98,7 @@ class RLVRPipeline:
         self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
         self.best: BestCheckpoint | None = None  # save_best: the first save sets it up
         self.exported: Path | None = None  # the latest Hugging Face export
+        self.resumed = False  # run() loaded a checkpoint (resume_from_checkpoint)
         self.clusters: dict[str, Any] = {}
         # The trainer's weight version: the number of train steps taken (the engines' is
         # policy_sync.rollout_version).
@@ -198,20 +202,21 @@ class RLVRPipeline:
 
         cfg = self.cfg
         start_step = self._maybe_resume()
+        self.faults.resumed()  # after a restart: back where the failed attempt had got to
         if start_step == 0:  # a fresh run: an earlier run's rollout dumps are not ours
             (self.out_dir / ROLLOUTS_FILE).unlink(missing_ok=True)
         tracker = open_tracker(cfg, self.out_dir, start_step)
         bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
         try:
             if start_step == 0 and cfg.eval_steps:
-                tracker.log(self.evaluate(), step=0)
+                tracker.log({**self.evaluate(), **self.faults.metrics()}, step=0)
             for step in bar:
                 metrics = self.train_one_step(step)
                 done = step + 1
                 if cfg.eval_steps and (done % cfg.eval_steps == 0 or done == cfg.max_steps):
                     metrics.update(self.evaluate())
                 if done % max(cfg.logging_steps, 1) == 0 or done == cfg.max_steps:
-                    tracker.log(metrics, step=done)
+                    tracker.log({**metrics, **self.faults.metrics()}, step=done)
                 bar.set_postfix(progress_postfix(metrics))
                 if cfg.save_steps and done % cfg.save_steps == 0:
                     self.save_checkpoint(done, metrics)
@@ -350,22 +355,31 @@ class RLVRPipeline:
             queue=self.queue,
             model_dir=self.model_dir,
         )
+        self.faults.progress()  # a failure from here on loses only what follows
         if cfg.save_best:
             if self.best is None:  # a resumed run goes on from its record
-                resume = bool(cfg.resume_from_checkpoint)
-                root = self.checkpoints.root
-                self.best = BestCheckpoint(root, cfg.save_best, cfg.save_best_mode, resume=resume)
+                root, mode = self.checkpoints.root, cfg.save_best_mode
+                self.best = BestCheckpoint(root, cfg.save_best, mode, resume=self.resumed)
             self.best.offer(final, step, metrics or {})
         if cfg.export.every_save:
             self.exported = export_run_step(self.actor_train, self.out_dir, step)
         return final
 
     def _maybe_resume(self) -> int:
-        """The step to start from: 0, or that of ``resume_from_checkpoint`` once loaded."""
-        if not self.cfg.resume_from_checkpoint:
+        """The step to start from: 0, or that of ``resume_from_checkpoint`` once loaded.
+        ``latest`` with no checkpoint yet starts at step 0: a job a scheduler requeues runs
+        the same command line at its first start and after (docs/cluster.md)."""
+        which = self.cfg.resume_from_checkpoint
+        if not which:
+            return 0
+        if which == LATEST and self.checkpoints.latest() is None:
+            logger.warning(
+                "resume_from_checkpoint=latest: no checkpoint under %s yet; starting at step 0",
+                self.checkpoints.root,
+            )
             return 0
         step = resume_run(
-            self.cfg.resume_from_checkpoint,
+            which,
             checkpoints=self.checkpoints,
             clusters=self.clusters,
             roles=self._trained_roles,
@@ -373,5 +387,6 @@ class RLVRPipeline:
             queue=self.queue,
             out_dir=self.out_dir,
         )
+        self.resumed = True
         self.policy_version = step
         return step

@@ -24,6 +24,7 @@ from _pipeline_run import (
     run_watched,
     served_syncs,
     sigkill_after_first_checkpoint,
+    sigkill_worker_after_first_checkpoint,
     stable,
 )
 
@@ -89,6 +90,26 @@ def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: 
     resumed = run(tmp_path, "resume_from_checkpoint=latest")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert_same_metrics(tmp_path, straight, steps=(3, 4))
+
+
+def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(straight: Path, tmp_path):
+    """One actor_train rank SIGKILLed once step 2's checkpoint is saved (while step 3 runs):
+    the driver tears every role down, starts them again and resumes from step 2 by itself
+    (fault_tolerance.max_trainer_restarts), and steps 3 and 4 log what the uninterrupted run
+    logged, plus faults/*; nothing of the dead rank or of the first attempt is left behind."""
+    result, left, killed = sigkill_worker_after_first_checkpoint(tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "ActorTrainWorker" in killed
+    logs = result.stdout + result.stderr  # Hydra sends the log to stdout
+    assert "automatic restart 1 of 2" in logs, logs[-4000:]
+    assert not left, left.describe()
+    assert_same_metrics(tmp_path, straight, steps=(3, 4), ignore=("faults/",))
+    rows = {r["step"]: r for r in metrics(tmp_path)}
+    for step in (3, 4):
+        assert rows[step]["faults/restarts"] == 1.0
+        assert rows[step]["faults/lost_seconds"] > 0.0
+    assert "faults/restarts" not in rows[2]  # logged by the attempt that failed later
+    print(f"\nrestart lost {rows[4]['faults/lost_seconds']:.1f} s")
 
 
 def test_adapter_sync_over_a_collective_group(straight: Path, tmp_path: Path):
