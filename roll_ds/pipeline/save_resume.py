@@ -125,6 +125,11 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
                 f"resume_from_checkpoint: {directory} lacks {', '.join(missing)}, which its "
                 f"{name} engine wrote (a partial copy?); {fix}Resume from a complete checkpoint"
             )
+        if resized and record.get("not_resizable"):
+            raise ValueError(
+                f"resume_from_checkpoint: {directory} was saved on {saved} {name} ranks and "
+                f"this run has {world}: {record['not_resizable']}"
+            )
         if resized:
             logger.info(
                 "resume_from_checkpoint: %s was saved on %d %s ranks and resumes on %d: its "

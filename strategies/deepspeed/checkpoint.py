@@ -61,6 +61,8 @@ def save_engine_checkpoint(
             "dp_world_size": engine.dp_world_size,
             "files": sorted(f for f in os.listdir(directory) if f.endswith(".pt")),
         }
+        if engine.zero_optimization_stage() == 3:
+            layout["not_resizable"] = universal.ZERO3_REFUSAL
         write_engine_record(directory, layout)
     barrier()
 
@@ -119,6 +121,11 @@ def _universal_tag(engine: Any, record: dict[str, Any], path: str, tag: str, *, 
     """The tag of ``path/tag`` as a universal checkpoint (converted unless it was before),
     after checking the saved ranks' files are all there."""
     saved, now = record["dp_world_size"], engine.dp_world_size
+    if engine.zero_optimization_stage() == 3:
+        raise ValueError(
+            f"{os.path.join(path, tag)} was saved on {saved} ranks and this engine has {now}: "
+            f"{universal.ZERO3_REFUSAL}"
+        )
     missing = missing_engine_files(os.path.join(path, tag), record)
     if missing:
         raise FileNotFoundError(

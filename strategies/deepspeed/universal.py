@@ -9,6 +9,14 @@ which an engine of any size loads with ``checkpoint.load_universal``.
 The conversion runs once, on rank 0, into ``<tag>_universal`` beside the checkpoint: written to
 ``<tag>_universal.tmp`` and renamed, so a crash leaves no half-converted directory that a later
 resume would trust; a second resume on the new size finds it and converts nothing.
+
+ZeRO-3 is refused (``ZERO3_REFUSAL``): with DeepSpeed 0.19.8 the conversion and the load run, and
+the resumed step's loss equals the saving size's (the weights arrive), but the step it takes
+moves the biases and norms (the engine's second parameter group) 14% less than the
+uninterrupted run does (8.6e-4 against 1.0e-3 at lr 1e-3; the matrices agree to 4e-9:
+tests/integration/test_universal_checkpoint.py, 2 ranks -> 1, full fine-tuning), so part of the
+optimizer state does not survive the trip. A LoRA ZeRO-3 preset whose adapter trains at stage 1 or 2
+(``zero3_adapter_stage``, the default with a whole frozen base) is a stage-1/2 engine here.
 """
 
 from __future__ import annotations
@@ -27,6 +35,13 @@ from strategies.deepspeed.zero import barrier
 logger = logging.getLogger(__name__)
 
 SUFFIX = "_universal"
+ZERO3_REFUSAL = (
+    "a ZeRO-3 checkpoint does not resume on another data-parallel size (DeepSpeed's universal "
+    "checkpoint loses part of its optimizer state: strategies/deepspeed/universal.py). Resume "
+    "it on the ranks it was saved on (the role's device_mapping / world_size), or train under "
+    "a ZeRO-2 preset (strategy_config), or with LoRA zero3_adapter_stage: 1 or 2, when the "
+    "size may change"
+)
 
 
 def universal_tag(tag: str) -> str:

@@ -17,7 +17,7 @@ from roll_ds.pipeline.save_resume import ENGINE_TAG, check_resume
 SHARDS = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
 
 
-def _checkpoint(root: Path, *, saved_ranks: int = 2, record: bool = True) -> Path:
+def _checkpoint(root: Path, *, saved_ranks: int = 2, record: bool = True, **extra: object) -> Path:
     """A committed checkpoint whose actor_train engine was saved on ``saved_ranks`` ranks."""
     manager = CheckpointManager(root)
     partial = manager.begin(3)
@@ -28,7 +28,7 @@ def _checkpoint(root: Path, *, saved_ranks: int = 2, record: bool = True) -> Pat
         (engine / name).write_bytes(b"x")
     if record:
         sizes = {"world_size": saved_ranks, "dp_world_size": saved_ranks}
-        write_engine_record(engine, {"zero_stage": 2, **sizes, "files": files})
+        write_engine_record(engine, {"zero_stage": 2, **sizes, "files": files, **extra})
     return manager.commit(partial, {"step": 3})
 
 
@@ -60,6 +60,13 @@ def test_missing_shard_names_the_file(tmp_path, world):
     message = str(err.value)
     assert "resume_from_checkpoint" in message and SHARDS[1] in message
     assert ("every saved rank's shard" in message) == (world == 1), message
+
+
+def test_engine_that_cannot_resize_is_refused_on_another_size(tmp_path):
+    path = _checkpoint(tmp_path, not_resizable="ZeRO-3 cannot; resume on 2 ranks")
+    assert check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"]) == path
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint: .* 2 actor_train ranks .*"):
+        check_resume(_cfg(path, 1), CheckpointManager(tmp_path), ["actor_train"])
 
 
 def test_missing_role_directory(tmp_path):
