@@ -52,7 +52,7 @@ from roll_ds.pipeline.reporting import (
 from roll_ds.pipeline.restarts import TrainerRestarts
 from roll_ds.pipeline.rollout_phase import RolloutPhase
 from roll_ds.pipeline.rollout_queue import RolloutQueue
-from roll_ds.pipeline.save_resume import resume_run, save_run_checkpoint
+from roll_ds.pipeline.save_resume import check_resume, resume_run, save_run_checkpoint
 from roll_ds.pipeline.seeds import step_seed
 from roll_ds.pipeline.sequences import pad_token_id
 from roll_ds.pipeline.startup import (
@@ -96,6 +96,8 @@ class RLVRPipeline:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.tasks = Tasks.load(cfg, self.tokenizer)
         self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
+        if cfg.resume_from_checkpoint:  # a missing or partial checkpoint: before any actor starts
+            check_resume(cfg, self.checkpoints, self._trained_roles)
         self.best: BestCheckpoint | None = None  # save_best: the first save sets it up
         self.exported: Path | None = None  # the latest Hugging Face export
         self.resumed = False  # run() loaded a checkpoint (resume_from_checkpoint)
