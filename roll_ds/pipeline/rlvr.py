@@ -96,7 +96,9 @@ class RLVRPipeline:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.tasks = Tasks.load(cfg, self.tokenizer)
         self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
-        if cfg.resume_from_checkpoint:  # a missing or partial checkpoint: before any actor starts
+        # A missing or partial checkpoint fails before any actor starts (`latest` with none yet
+        # is a fresh start: _maybe_resume).
+        if cfg.resume_from_checkpoint and not self._fresh_latest():
             check_resume(cfg, self.checkpoints, self._trained_roles)
         self.best: BestCheckpoint | None = None  # save_best: the first save sets it up
         self.exported: Path | None = None  # the latest Hugging Face export
@@ -367,6 +369,10 @@ class RLVRPipeline:
             self.exported = export_run_step(self.actor_train, self.out_dir, step)
         return final
 
+    def _fresh_latest(self) -> bool:
+        """``resume_from_checkpoint=latest`` with no checkpoint written yet."""
+        return self.cfg.resume_from_checkpoint == LATEST and self.checkpoints.latest() is None
+
     def _maybe_resume(self) -> int:
         """The step to start from: 0, or that of ``resume_from_checkpoint`` once loaded.
         ``latest`` with no checkpoint yet starts at step 0: a job a scheduler requeues runs
@@ -374,7 +380,7 @@ class RLVRPipeline:
         which = self.cfg.resume_from_checkpoint
         if not which:
             return 0
-        if which == LATEST and self.checkpoints.latest() is None:
+        if self._fresh_latest():
             logger.warning(
                 "resume_from_checkpoint=latest: no checkpoint under %s yet; starting at step 0",
                 self.checkpoints.root,

@@ -483,3 +483,20 @@ def test_resume_from_latest_without_a_checkpoint_starts_at_step_zero(tmp_path, c
     with caplog.at_level("WARNING"):
         assert pipeline._maybe_resume() == 0
     assert "no checkpoint under" in caplog.text and "starting at step 0" in caplog.text
+
+
+def test_a_pipeline_resuming_latest_before_any_checkpoint_is_built(tmp_path):
+    """The checks made before any actor starts (check_resume) let ``latest`` with no
+    checkpoint through to the fresh start above, and still refuse a named one that is missing."""
+    from roll_ds.config import load_config
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+
+    cfg = load_config(
+        "rlvr_lora_zero3", [f"output_dir={tmp_path}", "resume_from_checkpoint=latest"]
+    )
+    assert RLVRPipeline(cfg)._fresh_latest()
+    named = load_config(
+        "rlvr_lora_zero3", [f"output_dir={tmp_path}", "resume_from_checkpoint=step_000002"]
+    )
+    with pytest.raises(FileNotFoundError):
+        RLVRPipeline(named)
