@@ -228,6 +228,9 @@ def _actor_pids(root: int, title: str) -> list[int]:
     return pids
 
 
+# Slow: one more run of the pipeline (~90 s). CI replaces a SIGKILLed rank of a real Ray role in
+# test_cluster_failures.py (the same Recovery, without the pipeline around it).
+@pytest.mark.slow
 def test_a_reward_actor_killed_mid_run_is_replaced_and_the_run_learns_the_same(
     straight: Path, tmp_path: Path
 ):
