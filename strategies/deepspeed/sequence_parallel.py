@@ -162,6 +162,12 @@ class SequenceParallel:
         return full
 
 
+def group_budget(sp: SequenceParallel | None, budget: int | None) -> int | None:
+    """A ``max_tokens_per_micro_batch`` counts a rank's share of a micro-batch's tokens: under
+    SP a micro-batch of the group holds ``size`` times as many."""
+    return budget * sp.size if sp is not None and budget is not None else budget
+
+
 def over_rows(
     sp: SequenceParallel | None,
     run: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],

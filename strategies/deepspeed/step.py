@@ -19,7 +19,7 @@ import torch.distributed as dist
 from roll_ds.algorithms.aggregation import MiniBatchNorm
 from roll_ds.models.value_model import forward_values
 from strategies import _common
-from strategies.deepspeed.sequence_parallel import SequenceParallel
+from strategies.deepspeed.sequence_parallel import SequenceParallel, group_budget
 from strategies.micro_batches import (
     PackedRows,
     match_count,
@@ -78,7 +78,7 @@ def micro_batch_plan(
     replicas = 1
     if sp is not None:
         batch, _ = sp.gather_rows(batch, rows_per_step=micro * accum)
-        accum, budget = accum * sp.size, budget * sp.size if budget is not None else None
+        accum, budget = accum * sp.size, group_budget(sp, budget)
         replicas = sp.size
     if budget is not None:
         chunks, steps, rows = token_micro_batches(

@@ -9,7 +9,8 @@ Built from the role's composed ``strategy_config`` (a DeepSpeed JSON whose ``"au
 holds the engine and delegates each job to its module in this package: ``loading`` (seeds,
 DeepSpeed config, model), ``optimizer`` (AdamW, LR schedule, ``deepspeed.initialize``),
 ``step`` (the pieces of a train step), ``old_logprobs`` (a train step that fills in the
-batch's old log-probs), ``export``, ``checkpoint`` and ``offload``.
+batch's old log-probs), ``export``, ``checkpoint``, ``offload`` and ``sequence_parallel``
+(Ulysses: ``sequence_parallel_size`` ranks share each micro-batch's columns).
 
 Every public method is collective: all ranks of the data-parallel group call it together, with
 the same number of micro batches.
@@ -38,7 +39,7 @@ from strategies.deepspeed import checkpoint, export, offload
 from strategies.deepspeed.loading import build_train_ds_config, load_train_model, seed_everything
 from strategies.deepspeed.old_logprobs import OldLogprobs
 from strategies.deepspeed.optimizer import build_engine
-from strategies.deepspeed.sequence_parallel import SequenceParallel, over_rows
+from strategies.deepspeed.sequence_parallel import SequenceParallel, group_budget, over_rows
 from strategies.deepspeed.start_bound import bounded_initialisation, start_timeout_s
 from strategies.deepspeed.step import (
     LossFn,
@@ -394,7 +395,7 @@ class DeepSpeedTrainStrategy:
             device=self.device,
             lockstep=self.zero_stage == 3 and self.world_size > 1,
             empty_keys=keys,
-            max_tokens=self.max_tokens_per_micro_batch,
+            max_tokens=group_budget(self._sp, self.max_tokens_per_micro_batch),
             packed=self.use_sequence_packing,
         )
         try:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from roll_ds.config.plain import plain_dict
 from strategies import _common
-from strategies.deepspeed.sequence_parallel import SequenceParallel, over_rows
+from strategies.deepspeed.sequence_parallel import SequenceParallel, group_budget, over_rows
 from strategies.micro_batches import token_batched_forward
 
 
@@ -44,7 +44,7 @@ def batched_logprobs(
         device=device,
         lockstep=lockstep,
         empty_keys=("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
-        max_tokens=max_tokens,
+        max_tokens=group_budget(sp, max_tokens),
         packed=packed,
     )
     return over_rows(sp, run, input_ids_BT, attention_mask_BT)
