@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         if ranks[0]["device_peak_mib"] is not None:
             print(f"    device peak MiB/rank: {[round(r['device_peak_mib']) for r in ranks]}")
     result = {
-        "command": "python benchmarks/sequence_parallel.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/sequence_parallel.py", *sys.argv[1:]]),
         "settings": {k: v for k, v in vars(args).items() if k != "tmp"},
         "runs": runs,
     }
