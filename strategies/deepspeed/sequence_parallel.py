@@ -30,6 +30,7 @@ over each one on its own (they are contiguous, starting where the position ids r
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,8 @@ import torch.distributed as dist
 from roll_ds.models.tensors import position_ids_from_mask
 from strategies import _common
 from strategies.micro_batches import PackedRows
+
+logger = logging.getLogger(__name__)
 
 SP_ATTENTION = ("sdpa", "flash_attention_2")  # what transformers resolves; eager needs a 4D mask
 
@@ -68,6 +71,14 @@ class SequenceParallel:
             if start <= rank < start + size:
                 mine = group
         restore = _install_attention(model.config, mine, size)
+        logger.info(
+            "sequence parallelism: rank %d is rank %d of an SP group of %d (ranks %d-%d)",
+            rank,
+            rank % size,
+            size,
+            rank - rank % size,
+            rank - rank % size + size - 1,
+        )
         return cls(size=size, rank=rank % size, group=mine, _restore=restore)
 
     @property
