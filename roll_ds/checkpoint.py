@@ -38,6 +38,12 @@ so ``checkpoints/best`` resumes, exports and evaluates like any step directory.
 
 RNG states are stored as JSON, never pickled: loading a checkpoint someone else wrote cannot run
 code.
+
+A trained role's engine directory (``actor_train/engine/``) holds ``engine.json``, the record a
+train strategy writes beside its files (``ENGINE_RECORD``): ``world_size`` and ``dp_world_size``
+of the engine that saved it and the ``files`` its ranks wrote, so the driver tells a partial
+checkpoint, and a resume on another data-parallel size, before any actor starts. A backend adds
+its own keys (DeepSpeed: ``zero_stage``).
 """
 
 from __future__ import annotations
@@ -276,6 +282,27 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+# ---------------------------------------------------------------------------------------------
+# what a train strategy records about its engine's files
+
+ENGINE_RECORD = "engine.json"
+
+
+def read_engine_record(directory: str | Path) -> dict[str, Any] | None:
+    """``directory/engine.json`` (None: no record, e.g. saved by a roll_ds before it existed)."""
+    path = Path(directory) / ENGINE_RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_engine_record(directory: str | Path, record: dict[str, Any]) -> None:
+    _write_atomic(Path(directory) / ENGINE_RECORD, json.dumps(record, indent=1, sort_keys=True))
+
+
+def missing_engine_files(directory: str | Path, record: dict[str, Any]) -> list[str]:
+    """The files ``record`` lists that ``directory`` lacks."""
+    return [name for name in record.get("files", []) if not (Path(directory) / name).is_file()]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ def evaluate_model(cfg: RLVRConfig, model_dir: str | Path) -> tuple[dict[str, fl
         return metrics, len(pipeline.tasks.eval_rows) + episodes
     finally:
         pipeline.shutdown()
-        stop_local_ray(pipeline)  # a Ray it joined stays up
+        stop_local_ray(getattr(pipeline, "ray", None))  # a Ray it joined stays up
 
 
 # --- the report ------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from roll_ds.config import agentic, ranges, schema
+from roll_ds.config import agentic, fault_tolerance, ranges, schema
 from roll_ds.config.checks.pipeline import ASYNC_MODES
 from roll_ds.config.compose import PROJECT_ROOT
 from roll_ds.config.estimators import ESTIMATOR_OPTIONS
@@ -38,6 +38,7 @@ RANGES: dict[type, dict[str, Any]] = {
         "transport": ranges.OneOf(("auto", "collective", "object_store", "cuda_ipc")),
         "lora_sync": ranges.OneOf(("merged", "adapter")),
     },
+    fault_tolerance.FaultToleranceConfig: ranges.FAULT_TOLERANCE,
     schema.RayConfig: ranges.RAY,
     schema.TrackingConfig: ranges.TRACKING,
     schema.ValidationConfig: ranges.VALIDATION,
@@ -71,6 +72,10 @@ READERS = {
     "colocation": "the colocation choreography (`roll_ds/pipeline/colocation/`)",
     "weight_sync": "the policy sync phase and its transports (`roll_ds/pipeline/policy_sync.py`, "
     "`roll_ds/weight_sync/`)",
+    "fault_tolerance": "the replacement of dead or stuck workers of stateless roles "
+    "(`roll_ds/pipeline/faults.py`, `roll_ds/distributed/recovery.py`), the driver's restart "
+    "loop (`roll_ds/pipeline/launch.py`, `roll_ds/pipeline/restarts.py`) and the bound of every "
+    "actor call (`roll_ds/distributed/cluster.py`, `roll_ds/pipeline/engines.py`)",
     "export": "the loop at each save and at the end (`roll_ds/pipeline/rlvr.py`, "
     "`roll_ds/export.py`)",
     "validation": "the evaluation phase (`roll_ds/pipeline/evaluation.py`) and "

@@ -205,6 +205,9 @@ class LocalEnvPool:
         self.host.close(list(self.host.envs))
 
 
+HOST_MARGIN_S = 60.0  # Ray's own latency on a busy box, beyond a host call's step_timeout_s
+
+
 class RayEnvPool:
     """``num_workers`` ``EnvHost`` actors; episode ``i`` lives on host ``i % num_workers``, and
     every host steps its share at the same time as the others."""
@@ -235,13 +238,22 @@ class RayEnvPool:
             for h, idx in shards.items()
         }
         replies: list[EnvReply] = [EnvReply()] * len(items)
+        # A host answers within step_timeout_s (each call is bounded there); past that plus a
+        # margin for Ray it is stuck: treated as dead, not waited on forever.
+        bound_s = self.step_timeout_s + HOST_MARGIN_S
         for h, call in calls.items():
             try:
-                out = self._ray.get(call)
-            except self._ray.exceptions.RayActorError as exc:
-                out = [EnvReply(status=ERROR, error=f"environment worker died: {exc}")] * len(
+                out = self._ray.get(call, timeout=bound_s)
+            except (
+                self._ray.exceptions.RayActorError,
+                self._ray.exceptions.GetTimeoutError,
+            ) as exc:
+                why = "died" if isinstance(exc, self._ray.exceptions.RayActorError) else "stuck"
+                out = [EnvReply(status=ERROR, error=f"environment worker {why}: {exc}")] * len(
                     shards[h]
                 )
+                with contextlib.suppress(Exception):  # a stuck one is still alive
+                    self._ray.kill(self.hosts[h], no_restart=True)
                 self.hosts[h] = self._new_host()  # its environments are gone with it
                 self.restarts += 1
             for i, reply in zip(shards[h], out, strict=True):

@@ -205,6 +205,13 @@ WEIGHT_SYNC: dict[str, Rule] = {
     "parity_max_abs_diff": Range(low=0, low_open=True, null="the default of the rollout dtype"),
 }
 
+FAULT_TOLERANCE: dict[str, Rule] = {
+    "max_restarts": Range(low=0, note="0: a dead worker stops the run"),
+    "call_timeout_s": POSITIVE,
+    "per_token_s": Range(low=0),
+    "max_trainer_restarts": Range(low=0, note="0: a failed trainer rank stops the run"),
+}
+
 RAY: dict[str, Rule] = {"num_cpus": Range(low=1, null="all CPUs of the machine")}
 TRACKING: dict[str, Rule] = {"dump_rollouts_every": Range(low=0, note="0: never")}
 VALIDATION: dict[str, Rule] = {"max_prompts": Range(low=1, null="every held-out row")}

@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from roll_ds.config.agentic import AgenticConfig, EnvManagerConfig, EnvSpecConfig
+from roll_ds.config.fault_tolerance import FaultToleranceConfig
 
 EMBEDDED_MODEL = "embedded:tiny-qwen2"
 """``pretrain`` of the tiny Qwen2 policy shipped with roll_ds (roll_ds/models/shipped.py)."""
@@ -427,6 +428,9 @@ class RLVRConfig:
     async_generation: AsyncGenerationConfig = field(default_factory=AsyncGenerationConfig)
     colocation: ColocationConfig = field(default_factory=ColocationConfig)  # shared GPUs
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)  # trainer -> vLLM
+    # Dead or stuck workers: stateless roles replaced in place, the run restarted from its
+    # latest checkpoint after a trainer rank dies; every actor wait bounded.
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     export: ExportConfig = field(default_factory=ExportConfig)  # Hugging Face directories
     validation: ValidationConfig = field(default_factory=ValidationConfig)  # held-out eval
     ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster to connect to

@@ -11,6 +11,10 @@ Failures: every call waits with ``ray.wait`` and raises at the *first* failed ra
 others (which may be stuck in a collective with the dead rank). Ray reports a killed or crashed
 actor to pending calls within about a second. ``call_timeout_s`` (or ``_timeout_s=`` per call)
 bounds calls on live-but-stuck workers; start-up is always bounded by ``start_timeout_s``.
+
+Stateless roles: with a ``Recovery`` watching the cluster (``recovery.py``), a rank that dies or
+passes its bound is replaced in place (``replace_rank``: a new actor on the same bundle) and its
+share of the call sent again, inside ``PendingCall.get``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,14 @@ from roll_ds.distributed.dispatch import DispatchSpec, collect, dispatch_spec, s
 from roll_ds.distributed.errors import ClusterError, WorkerError, WorkerTimeoutError
 from roll_ds.distributed.resource_manager import ActorPlacement, ResourceManager
 from roll_ds.distributed.shm import ShmLedger
-from roll_ds.distributed.teardown import CLOSE_TIMEOUT_S, close_clusters, record_shm, sweep_shm
+from roll_ds.distributed.teardown import (
+    CLOSE_TIMEOUT_S,
+    close_clusters,
+    record_shm,
+    sweep_rank_shm,
+    sweep_shm,
+    wait_gone,
+)
 from roll_ds.distributed.worker import Worker, node_probe
 
 
@@ -61,6 +72,8 @@ class Cluster:
         self.name = name
         self.worker_cls, actor_cls = _resolve(worker_cls)
         self.call_timeout_s = call_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.recovery: Any = None  # a recovery.Recovery replacing dead ranks, or None
         self.infos: list[dict[str, Any]] = []
         self.actors: list[ActorHandle] = []
         self.shm = ShmLedger()  # the /dev/shm files the ranks held (record_shm, shutdown)
@@ -75,9 +88,12 @@ class Cluster:
         # variables are set in the actor process right before Worker.__init__ instead.
         self.system_envs = {k: str(v) for k, v in (env or {}).items()}
         runtime_env = {"env_vars": self.system_envs} if self.system_envs else None
+        # what replace_rank starts a rank with
+        self._start = (actor_cls, rank_env, runtime_env, init_args, init_kwargs or {})
+        self._actor_options = dict(actor_options or {})
         try:
             self._start_actors(
-                actor_cls, rank_env, runtime_env, init_args, init_kwargs or {}, actor_options or {}
+                actor_cls, rank_env, runtime_env, init_args, init_kwargs or {}, self._actor_options
             )
             self.infos = self._wait_started(start_timeout_s)
         except BaseException:
@@ -129,13 +145,60 @@ class Cluster:
     ) -> None:
         """One actor per placement (appended to ``self.actors`` as it starts)."""
         for p in self.placements:
-            options = self._options(p, runtime_env)
-            options.update(actor_options)
             self.actors.append(
-                actor_cls.options(**options).remote(
-                    *init_args, _roll_ds_env=_rank_env(rank_env, p), **init_kwargs
+                self._new_actor(
+                    actor_cls, p, rank_env, runtime_env, init_args, init_kwargs, actor_options
                 )
             )
+
+    def _new_actor(
+        self,
+        actor_cls: ActorClass,
+        p: ActorPlacement,
+        rank_env: Mapping[str, str],
+        runtime_env: dict | None,
+        init_args: tuple,
+        init_kwargs: Mapping[str, Any],
+        actor_options: Mapping[str, Any],
+    ) -> ActorHandle:
+        options = self._options(p, runtime_env)
+        options.update(actor_options)
+        return actor_cls.options(**options).remote(
+            *init_args, _roll_ds_env=_rank_env(rank_env, p), **init_kwargs
+        )
+
+    def replace_rank(self, rank: int) -> None:
+        """A new actor for ``rank`` on its placement (the same bundle, node and rank env),
+        waited for as at start; the old one is killed first (it may be stuck rather than dead)
+        and, once its process is gone, the ``/dev/shm`` files it alone held are swept. The
+        caller brings the new rank up (``initialize`` and what the role needs)."""
+        info = self.infos[rank] if rank < len(self.infos) else {}
+        with contextlib.suppress(Exception):  # already dead: nothing to kill
+            ray.kill(self.actors[rank], no_restart=True)
+        # its bundle is free only once the process is gone; its files are then unused
+        wait_gone(info)
+        sweep_rank_shm(self.shm, [i for r, i in enumerate(self.infos) if r != rank], info)
+        self._in_flight = [(r, ref) for r, ref in self._in_flight if r != rank]
+        actor_cls, rank_env, runtime_env, init_args, init_kwargs = self._start
+        self.actors[rank] = self._new_actor(
+            actor_cls,
+            self.placements[rank],
+            rank_env,
+            runtime_env,
+            init_args,
+            init_kwargs,
+            self._actor_options,
+        )
+        ref = self.actors[rank]._roll_info.remote()
+        self.infos[rank] = self._gather("__init__", [rank], [ref], self.start_timeout_s)[0]
+
+    def call_ranks(
+        self, method: str, ranks: Sequence[int], /, *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        """``method`` on ``ranks`` only, with the same arguments (a replaced rank's bring-up);
+        bounded by ``call_timeout_s``; never recovered (a new rank that dies stops)."""
+        refs = [getattr(self.actors[r], method).remote(*args, **kwargs) for r in ranks]
+        return self._gather(method, list(ranks), refs, self.call_timeout_s)
 
     def _wait_started(self, timeout_s: float) -> list[dict[str, Any]]:
         """Every rank's info once its ``Worker.__init__`` returned (bounded by ``timeout_s``)."""
@@ -176,7 +239,14 @@ class Cluster:
         refs = [getattr(self.actors[r], method).remote(*a, **kw) for r, a, kw in calls]
         ranks = [r for r, _, _ in calls]
         self._in_flight = [*self._unfinished(), *zip(ranks, refs, strict=True)]
-        return PendingCall(self, method, spec, ranks, refs)
+        return PendingCall(self, method, spec, calls, refs)
+
+    def _resend(self, method: str, call: tuple[int, tuple, dict[str, Any]]) -> ray.ObjectRef:
+        """A rank's share of a call sent again (to the actor now in its place)."""
+        rank, args, kwargs = call
+        ref = getattr(self.actors[rank], method).remote(*args, **kwargs)
+        self._in_flight.append((rank, ref))
+        return ref
 
     def busy_ranks(self) -> set[int]:
         """Ranks with a call of this cluster's that has not returned (running, queued or stuck:
@@ -267,20 +337,36 @@ class PendingCall:
     """A submitted call; ``get()`` waits (bounded by the cluster's ``call_timeout_s``)."""
 
     def __init__(
-        self, cluster: Cluster, method: str, spec: DispatchSpec, ranks: list[int], refs: list
+        self,
+        cluster: Cluster,
+        method: str,
+        spec: DispatchSpec,
+        calls: list[tuple[int, tuple, dict[str, Any]]],
+        refs: list,
     ) -> None:
-        self.cluster, self.method, self.spec, self.ranks, self.refs = (
-            cluster,
-            method,
-            spec,
-            ranks,
-            refs,
-        )
+        self.cluster, self.method, self.spec, self.refs = cluster, method, spec, refs
+        self.calls = calls  # (rank, args, kwargs): what a replaced rank is sent again
+        self.ranks = [r for r, _, _ in calls]
+        self.sent = time.monotonic()
 
-    def get(self, timeout_s: float | None = None) -> Any:
+    def get(self, timeout_s: float | None = None, *, recover: bool = True) -> Any:
+        """The combined results. With the cluster's ``recovery`` (and ``recover``), a rank
+        that died or passed ``timeout_s`` is replaced and its share sent again, each try under
+        the same bound, until the role's ``max_restarts`` are spent."""
         timeout_s = self.cluster.call_timeout_s if timeout_s is None else timeout_s
+        recovery = self.cluster.recovery if recover else None
         try:
-            results = self.cluster._gather(self.method, self.ranks, self.refs, timeout_s)
+            while True:
+                try:
+                    results = self.cluster._gather(self.method, self.ranks, self.refs, timeout_s)
+                    break
+                except (WorkerError, WorkerTimeoutError) as exc:
+                    if recovery is None or not recovery.handles(self.cluster, exc):
+                        raise
+                    for rank in recovery.replace(self.cluster, exc, self.sent):
+                        for i, call in enumerate(self.calls):
+                            if call[0] == rank:
+                                self.refs[i] = self.cluster._resend(self.method, call)
         finally:
             # Drop the finished calls now: a held ref would keep its result in the object store.
             self.cluster._in_flight = self.cluster._unfinished()

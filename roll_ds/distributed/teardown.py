@@ -73,6 +73,58 @@ def sweep_shm(ledger: ShmLedger) -> dict[str, int]:
     return removed
 
 
+def sweep_rank_shm(
+    ledger: ShmLedger, live: Iterable[dict[str, Any]], dead: dict[str, Any]
+) -> dict[str, int]:
+    """After one rank died (``Cluster.replace_rank``): unlink the files ``ledger`` recorded on
+    its node that no live rank of the cluster (``live``: their infos) holds now; those stay
+    recorded for the sweep at shutdown. ``{name: bytes}`` removed."""
+    node = dead.get("node_id")
+    recorded = ledger.recorded(node)
+    if not recorded:
+        return {}
+    pids = [int(i["pid"]) for i in live if i.get("pid") and i.get("node_id") == node]
+    try:
+        held = _on_node(node, scan, pids) if pids else {}
+        orphans = {name: inode for name, inode in recorded.items() if name not in held}
+        removed = _on_node(node, unlink_recorded, orphans)
+    except Exception as exc:  # the node is gone, and its files with it
+        logger.warning("could not sweep /dev/shm of a dead worker on node %s: %s", node, exc)
+        return {}
+    ledger.files[node] = {n: i for n, i in recorded.items() if n not in orphans}
+    if removed:
+        logger.warning(
+            "removed %d /dev/shm file(s) (%.1f MB) a dead worker left: %s",
+            len(removed),
+            sum(removed.values()) / 1e6,
+            ", ".join(sorted(removed)),
+        )
+    return removed
+
+
+def wait_gone(info: dict[str, Any], timeout_s: float = REMOTE_TIMEOUT_S) -> bool:
+    """Wait (bounded) until the process of a killed rank (``info``: its ``Cluster.infos``
+    entry) has exited, on its node; ``ray.kill`` only asks for it. False if still there."""
+    if not info.get("pid"):
+        return True
+    return _on_node(info.get("node_id"), _wait_exit, int(info["pid"]), timeout_s)
+
+
+def _wait_exit(pid: int, timeout_s: float) -> bool:
+    import os
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # a pid reused by another user's process: ours is gone
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def close_clusters(clusters: Iterable[Cluster], timeout_s: float) -> list[str]:
     """Call ``close`` on every idle rank of every cluster at once and wait at most
     ``timeout_s`` in all; returns the ``role rank`` of those that did not close (busy in a

@@ -3,7 +3,9 @@
 ``generate`` takes one turn's requests (``roll_ds.agentic.runner.TurnRequest``: token ids in, ``n``
 samples out) and returns each request's samples. Requests that share ``n`` and seed go in one call
 to every engine (a step of dataset rows is one call, as is every turn of environment episodes);
-a mixed turn makes one call of each kind. Two ways to run a call:
+a mixed turn makes one call of each kind. Each call waits at most ``bounds`` for the tokens it
+may read and produce (``fault_tolerance``); past it the engine is stuck (``WorkerTimeoutError``).
+Two ways to run a call:
 
 - batch: ``RolloutWorker.generate``, one blocking call per engine (a weight sync sent meanwhile
   runs after it);
@@ -21,14 +23,16 @@ from typing import Any
 
 from roll_ds.agentic.runner import Sample, TurnRequest
 from roll_ds.distributed.batch import Batch
+from roll_ds.distributed.recovery import CallBounds
 from roll_ds.pipeline.workers import PROBE_META
 
 
 class RolloutEngines:
     """Typed calls on the ``actor_infer`` cluster."""
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: Any, bounds: CallBounds | None = None) -> None:
         self.cluster = cluster
+        self.bounds = bounds  # None: the cluster's call_timeout_s for every call
         self._tags = itertools.count()
 
     @property
@@ -64,11 +68,15 @@ class RolloutEngines:
             else:
                 extra = {"probe": probe} if probe is not None and k == 0 else {}
                 call = self.cluster.submit("generate", batch, seed=seed, n=n, **extra, **sampling)
-            pending.append((positions, call))
+            # what the call may read and write: its bound grows with it
+            tokens = n * sum(
+                len(requests[i].context) + requests[i].max_new_tokens for i in positions
+            )
+            pending.append((positions, call, tokens))
         samples: list[list[Sample]] = [[] for _ in requests]
         probe_logprobs: list[Any] = []
-        for positions, call in pending:
-            out = call.get()
+        for positions, call, tokens in pending:
+            out = call.get(None if self.bounds is None else self.bounds.tokens(tokens))
             if isinstance(out, list):  # collect_stream: every rank's share, in rank order
                 out = Batch.concat(out)
             at = {requests[i].index: i for i in positions}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.dataset import DatasetFormatError
@@ -13,31 +14,54 @@ logger = logging.getLogger("roll_ds")
 
 
 def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
-    from roll_ds.pipeline.rlvr import RLVRPipeline
+    """Run the pipeline to its end. A trainer rank that fails mid-run restarts it here, the one
+    place that does: every role is torn down, started again (placed anew: a node that is gone
+    is not used) and the run resumes from its latest checkpoint, up to
+    ``fault_tolerance.max_trainer_restarts`` times (``restarts.py``: which failures, and what
+    they cost). Ray stays up between attempts."""
+    from roll_ds.pipeline.restarts import TrainerRestarts
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    restarts = TrainerRestarts(cfg)
+    checkpoints = Path(cfg.output_dir) / cfg.exp_name / "checkpoints"  # RLVRPipeline's
+    ray_connection = None
     try:
-        # Everything that reads user input (model path, data files, routing) fails here,
-        # before any Ray actor starts.
-        pipeline = RLVRPipeline(cfg)
-    except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
-        print(f"roll_ds: {exc}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        pipeline.start()  # inside the try: a start-up that fails (or a Ctrl-C) still tears down
-        rows = pipeline.run()
+        while True:
+            pipeline = _build(restarts.next_config(checkpoints), restarts)
+            started = False
+            try:
+                pipeline.start()  # inside the try: a start-up that fails (or a Ctrl-C) tears down
+                started = True
+                rows = pipeline.run()
+                break
+            except Exception as exc:
+                restarts.on_failure(exc, started=started)  # raises unless restarting
+            finally:
+                ray_connection = ray_connection or getattr(pipeline, "ray", None)
+                pipeline.shutdown()
     finally:
-        pipeline.shutdown()
-        stop_local_ray(pipeline)
+        stop_local_ray(ray_connection)
     _summarise(rows, pipeline.out_dir, getattr(pipeline, "exported", None))
     return rows
 
 
-def stop_local_ray(pipeline) -> None:
+def _build(cfg: RLVRConfig, restarts):
+    """The pipeline of ``cfg``; bad input (model path, data files, routing) exits with its
+    message here, before any Ray actor starts."""
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+
+    try:
+        return RLVRPipeline(cfg, faults=restarts)
+    except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
+        print(f"roll_ds: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def stop_local_ray(connection) -> None:
     """Shut down the Ray this run started (its raylet, object store, idle workers): at once,
     not at interpreter exit, where a Ctrl-C or an exception can leave them running. A Ray
-    cluster the run joined (``ray.address``) stays up for its other users."""
-    connection = getattr(pipeline, "ray", None)
+    cluster the run joined (``ray.address``) stays up for its other users. ``connection``: the
+    ``RayConnection`` of the run's first start (a restart finds Ray up and started nothing)."""
     if connection is not None and connection.started_local:
         import ray
 

@@ -102,6 +102,31 @@ class PolicySync:
         metrics.update(self._check(metrics, policy_version, before_rollout))
         return metrics
 
+    def restore_engines(self, cluster: Any, ranks: list[int]) -> None:
+        """Replaced engine ranks (``pipeline/faults.py``) get the weights the others serve: a
+        full sync into every engine, parity checked, before their call is sent again. A parity
+        probe riding on that call still completes the step's check. Metrics under
+        ``faults/actor_infer/`` (the step's own ``sync/*`` stay those of its sync)."""
+        if self.rollout_version is None:
+            return  # never synced yet: the step's sync fills every engine
+        if self.transport is not None and self.transport.name != "object_store":
+            from roll_ds.weight_sync.base import WeightSyncError
+
+            raise WeightSyncError(
+                f"{cluster.name} rank(s) {ranks} were replaced, but weight_sync transport "
+                f"{self.transport.name} seated the old ones in its group; only object_store "
+                "reaches a new engine. Set weight_sync.transport=object_store, or "
+                "fault_tolerance.max_restarts=0 to stop at a dead engine"
+            )
+        version, deferred = self.rollout_version, self._deferred
+        self.transport, self.rollout_version = None, None  # rebuilt: it connects the new ranks
+        metrics = self.sync(version)
+        self._deferred = deferred
+        prefix = f"faults/{cluster.name}/"
+        for key in ("sync/seconds", "sync/parity_max_abs_diff"):
+            if key in metrics:
+                self._rollout_metrics[prefix + key] = metrics[key]
+
     # --- parity ------------------------------------------------------------------------------
 
     def rollout_probe(self) -> dict | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_ds.algorithms.turns import per_turn_advantages
-from roll_ds.checkpoint import BestCheckpoint, CheckpointManager
+from roll_ds.checkpoint import LATEST, BestCheckpoint, CheckpointManager
 from roll_ds.config.estimators import needs_critic
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
@@ -36,6 +36,7 @@ from roll_ds.pipeline.colocation.choreography import GENERATE, TRAIN, Choreograp
 from roll_ds.pipeline.colocation.plan import ColocationPlan
 from roll_ds.pipeline.engines import RolloutEngines
 from roll_ds.pipeline.evaluation import evaluate_policy
+from roll_ds.pipeline.faults import call_bounds, watch_stateless
 from roll_ds.pipeline.logprobs import OldLogprobs, fill_logprobs
 from roll_ds.pipeline.loss_fns import CRITIC_KEYS, TRAIN_KEYS, PolicyLoss, ValueLoss
 from roll_ds.pipeline.passes import train_passes
@@ -48,9 +49,10 @@ from roll_ds.pipeline.reporting import (
     progress_postfix,
     timed,
 )
+from roll_ds.pipeline.restarts import TrainerRestarts
 from roll_ds.pipeline.rollout_phase import RolloutPhase
 from roll_ds.pipeline.rollout_queue import RolloutQueue
-from roll_ds.pipeline.save_resume import resume_run, save_run_checkpoint
+from roll_ds.pipeline.save_resume import check_resume, resume_run, save_run_checkpoint
 from roll_ds.pipeline.seeds import step_seed
 from roll_ds.pipeline.sequences import pad_token_id
 from roll_ds.pipeline.startup import (
@@ -72,10 +74,12 @@ class RLVRPipeline:
     """The loop over the roles' actors. ``cfg`` has passed ``roll_ds.config.validate`` (the
     entry points validate before building this), so names, modes and roles are not re-checked."""
 
-    def __init__(self, cfg: RLVRConfig) -> None:
+    def __init__(self, cfg: RLVRConfig, *, faults: TrainerRestarts | None = None) -> None:
         from transformers import AutoTokenizer
 
         self.cfg = cfg
+        # The restarts of this run so far (launch.run_pipeline's): faults/* in each logged row.
+        self.faults = faults if faults is not None else TrainerRestarts(cfg)
         self.out_dir = Path(cfg.output_dir) / cfg.exp_name
         algo = cfg.algorithm
         ahead = cfg.async_generation.max_staleness
@@ -92,8 +96,13 @@ class RLVRPipeline:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.tasks = Tasks.load(cfg, self.tokenizer)
         self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
+        # A missing or partial checkpoint fails before any actor starts (`latest` with none yet
+        # is a fresh start: _maybe_resume).
+        if cfg.resume_from_checkpoint and not self._fresh_latest():
+            check_resume(cfg, self.checkpoints, self._trained_roles)
         self.best: BestCheckpoint | None = None  # save_best: the first save sets it up
         self.exported: Path | None = None  # the latest Hugging Face export
+        self.resumed = False  # run() loaded a checkpoint (resume_from_checkpoint)
         self.clusters: dict[str, Any] = {}
         # The trainer's weight version: the number of train steps taken (the engines' is
         # policy_sync.rollout_version).
@@ -102,6 +111,7 @@ class RLVRPipeline:
         self.env_pool: Any = None
         self.rollouts: RolloutPhase | None = None  # start() builds the phases over the roles
         self.policy_sync: PolicySync | None = None
+        self.recovery: Any = None  # start(): replaces dead ranks of stateless roles (faults.py)
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -132,7 +142,7 @@ class RLVRPipeline:
             self.env_pool = RayEnvPool(
                 self.tasks.env_types(), cfg.agentic.step_timeout_s, cfg.agentic.num_env_workers
             )
-        engines = RolloutEngines(self.clusters["actor_infer"])
+        engines = RolloutEngines(self.clusters["actor_infer"], call_bounds(cfg))
         self.policy_sync = PolicySync(
             cfg,
             self.clusters.get("actor_train"),
@@ -152,6 +162,7 @@ class RLVRPipeline:
             queue=self.queue,
             parity=self.policy_sync,
         )
+        self.recovery = watch_stateless(cfg, self.clusters, self.colocation, self.policy_sync)
         if eval_only:  # no trainer to sync from: the engines serve the policy under evaluation
             self.policy_sync.rollout_version = self.policy_version
 
@@ -195,20 +206,21 @@ class RLVRPipeline:
 
         cfg = self.cfg
         start_step = self._maybe_resume()
+        self.faults.resumed()  # after a restart: back where the failed attempt had got to
         if start_step == 0:  # a fresh run: an earlier run's rollout dumps are not ours
             (self.out_dir / ROLLOUTS_FILE).unlink(missing_ok=True)
         tracker = open_tracker(cfg, self.out_dir, start_step)
         bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
         try:
             if start_step == 0 and cfg.eval_steps:
-                tracker.log(self.evaluate(), step=0)
+                tracker.log({**self.evaluate(), **self.faults.metrics()}, step=0)
             for step in bar:
                 metrics = self.train_one_step(step)
                 done = step + 1
                 if cfg.eval_steps and (done % cfg.eval_steps == 0 or done == cfg.max_steps):
                     metrics.update(self.evaluate())
                 if done % max(cfg.logging_steps, 1) == 0 or done == cfg.max_steps:
-                    tracker.log(metrics, step=done)
+                    tracker.log({**metrics, **self.faults.metrics()}, step=done)
                 bar.set_postfix(progress_postfix(metrics))
                 if cfg.save_steps and done % cfg.save_steps == 0:
                     self.save_checkpoint(done, metrics)
@@ -245,6 +257,10 @@ class RLVRPipeline:
             metrics.update(self.train(batch, step))
         self.policy_version = step + 1
         metrics.update(rollout_stats)
+        if self.recovery is not None:  # faults/<role>/*: ranks replaced
+            metrics.update(self.recovery.pop_metrics())
+        if getattr(self.env_pool, "restarts", 0):  # hosts the pool replaced itself
+            metrics["faults/env_hosts/restarts"] = float(self.env_pool.restarts)
         colocation_s = self.colocation.pop_seconds() if self.colocation.active else None
         metrics.update(self.colocation.pop_memory())  # the roles' device memory (GPUs)
         add_step_totals(metrics, timings, batch, colocation_s)
@@ -343,22 +359,35 @@ class RLVRPipeline:
             queue=self.queue,
             model_dir=self.model_dir,
         )
+        self.faults.progress()  # a failure from here on loses only what follows
         if cfg.save_best:
             if self.best is None:  # a resumed run goes on from its record
-                resume = bool(cfg.resume_from_checkpoint)
-                root = self.checkpoints.root
-                self.best = BestCheckpoint(root, cfg.save_best, cfg.save_best_mode, resume=resume)
+                root, mode = self.checkpoints.root, cfg.save_best_mode
+                self.best = BestCheckpoint(root, cfg.save_best, mode, resume=self.resumed)
             self.best.offer(final, step, metrics or {})
         if cfg.export.every_save:
             self.exported = export_run_step(self.actor_train, self.out_dir, step)
         return final
 
+    def _fresh_latest(self) -> bool:
+        """``resume_from_checkpoint=latest`` with no checkpoint written yet."""
+        return self.cfg.resume_from_checkpoint == LATEST and self.checkpoints.latest() is None
+
     def _maybe_resume(self) -> int:
-        """The step to start from: 0, or that of ``resume_from_checkpoint`` once loaded."""
-        if not self.cfg.resume_from_checkpoint:
+        """The step to start from: 0, or that of ``resume_from_checkpoint`` once loaded.
+        ``latest`` with no checkpoint yet starts at step 0: a job a scheduler requeues runs
+        the same command line at its first start and after (docs/cluster.md)."""
+        which = self.cfg.resume_from_checkpoint
+        if not which:
+            return 0
+        if self._fresh_latest():
+            logger.warning(
+                "resume_from_checkpoint=latest: no checkpoint under %s yet; starting at step 0",
+                self.checkpoints.root,
+            )
             return 0
         step = resume_run(
-            self.cfg.resume_from_checkpoint,
+            which,
             checkpoints=self.checkpoints,
             clusters=self.clusters,
             roles=self._trained_roles,
@@ -366,5 +395,6 @@ class RLVRPipeline:
             queue=self.queue,
             out_dir=self.out_dir,
         )
+        self.resumed = True
         self.policy_version = step
         return step

@@ -4,6 +4,12 @@ A checkpoint holds each trained role's engine state (``<role>/``, DeepSpeed tag 
 the episodes played ahead (``async_generation``), what ``python -m roll_ds.export`` needs
 besides the engine state, and the driver's state: step, prompt sampler, RNG. The directory
 layout, rotation and ``best`` are ``roll_ds.checkpoint``'s.
+
+``check_resume`` reads the checkpoint before any actor starts: the trained roles' directories and
+the files their engine records (``engine.json``) list must be there, so a partial copy fails
+naming what it lacks instead of inside a worker. A role resumed on another data-parallel size
+than it was saved on is loaded by its strategy from a universal checkpoint, converted once
+(DeepSpeed: ``strategies/deepspeed/universal.py``); that needs every saved rank's shard.
 """
 
 from __future__ import annotations
@@ -13,7 +19,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from roll_ds.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from roll_ds.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    missing_engine_files,
+    read_engine_record,
+    restore_rng_state,
+)
+from roll_ds.config.role_placement import placement
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.sampler import PromptSampler
 from roll_ds.export import ExportInfo
@@ -21,6 +34,8 @@ from roll_ds.pipeline.rollout_queue import RolloutQueue
 from roll_ds.tracking import ROLLOUTS_FILE, truncate_jsonl_after
 
 logger = logging.getLogger(__name__)
+
+ENGINE_TAG = "engine"  # each trained role's engine state: <checkpoint>/<role>/engine/
 
 
 def save_run_checkpoint(
@@ -36,7 +51,7 @@ def save_run_checkpoint(
 ) -> Path:
     """Save checkpoint ``step`` of the trained ``roles``; returns its committed directory."""
     partial = checkpoints.begin(step)
-    saves = [clusters[n].submit("save_checkpoint", str(partial / n), "engine") for n in roles]
+    saves = [clusters[n].submit("save_checkpoint", str(partial / n), ENGINE_TAG) for n in roles]
     for call in saves:
         call.get()
     if queue is not None:  # the batches generated ahead train after a resume too
@@ -66,13 +81,7 @@ def resume_run(
     trained ``roles``, the sampler, the queue and the RNG; returns its step."""
     path = checkpoints.resolve(which)
     state = checkpoints.load_state(path)
-    for name in roles:
-        if not (path / name).is_dir():
-            raise FileNotFoundError(
-                f"resume_from_checkpoint: {path} has no {name}/ state (saved by a run "
-                f"without the {name} role?)"
-            )
-    loads = [clusters[n].submit("load_checkpoint", str(path / n), "engine") for n in roles]
+    loads = [clusters[n].submit("load_checkpoint", str(path / n), ENGINE_TAG) for n in roles]
     for call in loads:
         call.get()
     if sampler is not None:  # environments draw their seeds from (seed, step): no state
@@ -85,3 +94,49 @@ def resume_run(
     truncate_jsonl_after(out_dir / ROLLOUTS_FILE, step)
     logger.info("resumed from %s at step %d", path, step)
     return step
+
+
+def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequence[str]) -> Path:
+    """The checkpoint ``cfg.resume_from_checkpoint`` names, checked before any actor starts:
+    every trained role's engine directory with every file its record lists. Returns it."""
+    assert cfg.resume_from_checkpoint, "only a resuming run is checked"
+    path = checkpoints.resolve(cfg.resume_from_checkpoint)
+    for name in roles:
+        directory = path / name / ENGINE_TAG
+        if not directory.is_dir():
+            raise FileNotFoundError(
+                f"resume_from_checkpoint: {path} has no {name}/{ENGINE_TAG}/ state (saved by a "
+                f"run without the {name} role?)"
+            )
+        record = read_engine_record(directory)
+        if record is None:  # an older checkpoint: its strategy checks what it loads
+            continue
+        saved = record.get("dp_world_size")
+        world = placement(name, getattr(cfg, name)).world_size
+        resized = saved is not None and saved != world
+        missing = missing_engine_files(directory, record)
+        if missing:
+            fix = (
+                f"resuming {saved} saved ranks on {world} reads every saved rank's shard. "
+                if resized
+                else ""
+            )
+            raise FileNotFoundError(
+                f"resume_from_checkpoint: {directory} lacks {', '.join(missing)}, which its "
+                f"{name} engine wrote (a partial copy?); {fix}Resume from a complete checkpoint"
+            )
+        if resized and record.get("not_resizable"):
+            raise ValueError(
+                f"resume_from_checkpoint: {directory} was saved on {saved} {name} ranks and "
+                f"this run has {world}: {record['not_resizable']}"
+            )
+        if resized:
+            logger.info(
+                "resume_from_checkpoint: %s was saved on %d %s ranks and resumes on %d: its "
+                "strategy loads it as a universal checkpoint (converted once, kept beside it)",
+                path,
+                saved,
+                name,
+                world,
+            )
+    return path

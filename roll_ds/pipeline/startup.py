@@ -119,6 +119,7 @@ def create_clusters(
             init_args=(role_cfg, role_context(cfg, ctx, name, trained_roles)),
             env=role_cfg.system_envs,
             num_threads=threads.get(name),
+            call_timeout_s=cfg.fault_tolerance.call_timeout_s,
         )
     for name, reward_cfg in cfg.rewards.items():
         clusters[f"rewards.{name}"] = Cluster(
@@ -128,6 +129,7 @@ def create_clusters(
             init_args=(reward_cfg, ctx),
             env=reward_cfg.system_envs,
             num_threads=threads.get(f"rewards.{name}"),
+            call_timeout_s=cfg.fault_tolerance.call_timeout_s,
         )
 
 

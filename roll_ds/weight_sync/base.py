@@ -57,7 +57,13 @@ FAILURE_GRACE_S = 2.0  # after a first failure, how long to wait for the others'
 
 
 class WeightSyncError(ClusterError):
-    """A sync failed or timed out; the message names each worker that failed and how."""
+    """A sync failed or timed out; the message names each worker that failed and how, and
+    ``failures`` holds their errors (``WorkerError``: role, rank), so a caller can tell whose
+    death broke the sync (the driver restarts the run when a trainer's did)."""
+
+    def __init__(self, message: str, failures: tuple[BaseException, ...] = ()) -> None:
+        super().__init__(message)
+        self.failures = failures
 
 
 class TransferError(RuntimeError):
@@ -245,10 +251,10 @@ def wait_calls(
         late.setdefault(label, []).append(calls[label].ranks[i])
     busy = "; ".join(f"{label} ranks {sorted(r)}" for label, r in late.items())
     if failed:
-        lines = _failure_lines(failed)
+        lines, errors = _failure_lines(failed)
         if busy:
             lines.append(f"- still busy (stuck or waiting on the failed ones): {busy}")
-        raise WeightSyncError(f"{what} failed:\n" + "\n".join(lines))
+        raise WeightSyncError(f"{what} failed:\n" + "\n".join(lines), errors)
     if pending:
         raise WeightSyncError(
             f"{what} timed out after {limit_s or timeout_s:g} s (weight_sync.timeout_s); "
@@ -257,19 +263,24 @@ def wait_calls(
     return {label: call.get(0) for label, call in calls.items()}
 
 
-def _failure_lines(failed: list[tuple[str, PendingCall]]) -> list[str]:
-    """One line per failed call: its cluster's own ``WorkerError`` text (role, rank, node)."""
+def _failure_lines(
+    failed: list[tuple[str, PendingCall]],
+) -> tuple[list[str], tuple[BaseException, ...]]:
+    """One line per failed call: its cluster's own ``WorkerError`` text (role, rank, node); and
+    the errors themselves."""
     from ray.exceptions import ActorDiedError, ActorUnavailableError
 
     lines = []
+    errors = []
     for _, call in failed:
         try:
-            call.get(0)
+            call.get(0, recover=False)  # only its error's text: no replacement here
         except Exception as exc:  # WorkerError (or a timeout on a rank still running)
             cause = getattr(exc, "cause", None)
             died = isinstance(cause, ActorDiedError | ActorUnavailableError)
             lines.append((not died, f"- {exc}".split("\n--- original error ---")[0]))
-    return [text for _, text in sorted(lines, key=lambda x: x[0])]
+            errors.append(exc)
+    return [text for _, text in sorted(lines, key=lambda x: x[0])], tuple(errors)
 
 
 def sync_metrics(

@@ -126,15 +126,70 @@ def sigkill_after_first_checkpoint(
     return latest.read_text()
 
 
+def sigkill_worker_after_first_checkpoint(
+    out_dir: Path,
+    *extra: str,
+    worker: str = "ActorTrainWorker",
+    timeout: float = 600,
+    config: str = "rlvr_lora_zero3",
+) -> tuple[subprocess.CompletedProcess, Leftovers, str]:
+    """Start a run, SIGKILL one ``worker`` actor's process (one rank) once the run's first
+    checkpoint is complete, and let the run go on to its end (under a ``LeakWatch``); returns
+    the run, what it left behind and the killed process's command line (the experiment is
+    named like ``config``)."""
+    cmd = command(out_dir, *extra, config=config)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    watch = LeakWatch(proc.pid)
+    latest = out_dir / config / "checkpoints" / "latest"
+    deadline = time.monotonic() + timeout
+    try:
+        while not latest.exists():
+            assert proc.poll() is None, "run ended before writing a checkpoint"
+            assert time.monotonic() < deadline, f"no checkpoint within {timeout:g} s"
+            time.sleep(0.2)
+        import psutil
+
+        ranks = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if f"ray::{worker}" in " ".join(p.cmdline())
+        ]
+        assert ranks, f"no {worker} process under the run"
+        killed = " ".join(ranks[-1].cmdline())
+        ranks[-1].kill()
+        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    left = watch.leftovers()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), left, killed
+
+
 def assert_same_metrics(
-    got_dir: Path, want_dir: Path, steps: tuple[int, ...], exp_name: str = "rlvr_lora_zero3"
+    got_dir: Path,
+    want_dir: Path,
+    steps: tuple[int, ...],
+    exp_name: str = "rlvr_lora_zero3",
+    ignore: tuple[str, ...] = (),
 ) -> None:
     """Both runs logged the same steps, and at ``steps`` the same stable metrics (a resumed run
-    against an uninterrupted one)."""
+    against an uninterrupted one); keys starting with one of ``ignore`` are left out."""
     import pytest
 
-    got = {r["step"]: stable(r) for r in metrics(got_dir, exp_name)}
-    want = {r["step"]: stable(r) for r in metrics(want_dir, exp_name)}
+    def kept(row: dict) -> dict:
+        return {k: v for k, v in stable(row).items() if not k.startswith(ignore)}
+
+    got = {r["step"]: kept(r) for r in metrics(got_dir, exp_name)}
+    want = {r["step"]: kept(r) for r in metrics(want_dir, exp_name)}
     assert sorted(got) == sorted(want)
     for step in steps:
         assert got[step].keys() == want[step].keys()

@@ -19,6 +19,7 @@ from _pipeline_run import (
     run,
     served_syncs,
     sigkill_after_first_checkpoint,
+    sigkill_worker_after_first_checkpoint,
 )
 
 pytestmark = pytest.mark.integration
@@ -124,3 +125,14 @@ def test_agentic_resume_after_sigkill_matches(straight: Path, small, tmp_path: P
     resumed = run(tmp_path, *small, "resume_from_checkpoint=latest", config=CONFIG)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert_same_metrics(tmp_path, straight, steps=(3,), exp_name=CONFIG)
+
+
+@pytest.mark.slow
+def test_agentic_killed_trainer_rank_restarts_and_matches(straight: Path, small, tmp_path):
+    """Multi-turn episodes: an actor_train rank SIGKILLed after step 2's checkpoint restarts
+    the run by itself, and step 3 logs the uninterrupted run's metrics."""
+    result, left, _ = sigkill_worker_after_first_checkpoint(tmp_path, *small, config=CONFIG)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not left, left.describe()
+    assert_same_metrics(tmp_path, straight, steps=(3,), exp_name=CONFIG, ignore=("faults/",))
+    assert {r["step"]: r for r in metrics(tmp_path, CONFIG)}[3]["faults/restarts"] == 1.0

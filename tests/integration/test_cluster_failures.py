@@ -263,3 +263,85 @@ def test_idle_ranks_close_before_the_kill(rm, shm_prefix):
         assert train.shutdown() == {}
     assert glob.glob(f"/dev/shm/{shm_prefix}_*") == []
     Cluster("actor_train", Flaky, rm).shutdown()  # the bundles are free again
+
+
+class Replaceable(Worker):
+    """A stateless rank: ``initialize`` makes its /dev/shm file (named by its pid); rank 1 dies
+    (SIGKILL) in its first ``work`` call of the test, its replacement answers."""
+
+    def __init__(self, prefix: str, marker: str) -> None:
+        super().__init__()
+        self.prefix, self.marker = prefix, marker
+
+    def initialize(self) -> None:
+        ShmHolder.make(self, f"{self.prefix}_{os.getpid()}")
+
+    def work(self, x: int) -> int:
+        if self.rank == 1 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.rank * 10 + x
+
+    @register(Dispatch.RANK0)
+    def slow(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def test_a_rank_killed_mid_call_is_replaced_in_place_and_its_share_redone(rm, shm_prefix, tmp_path):
+    """fault_tolerance: the dead rank's share of the call is answered by a new actor on the
+    same bundle, brought up by ``initialize``; the dead one's /dev/shm file is swept while the
+    live rank's stays; past max_restarts the death stops the call, naming the field."""
+    from roll_ds.distributed.recovery import Recovery
+
+    marker = str(tmp_path / "died")
+    cluster = Cluster("actor_train", Replaceable, rm, init_args=(shm_prefix, marker))
+    recovery = Recovery(max_restarts=1)
+    recovery.watch(cluster)
+    try:
+        cluster.initialize()
+        cluster.record_shm()
+        pids = [i["pid"] for i in cluster.infos]
+        bundle = cluster.placements[1].options["scheduling_strategy"].placement_group_bundle_index
+        started = time.perf_counter()
+        assert cluster.work(5) == [5, 15]
+        took = time.perf_counter() - started
+        print(f"replaced a SIGKILLed rank and redid its share in {took:.2f} s")
+        new_pid = cluster.infos[1]["pid"]
+        assert new_pid != pids[1] and cluster.infos[0]["pid"] == pids[0]
+        assert (
+            cluster.placements[1].options["scheduling_strategy"].placement_group_bundle_index
+            == bundle
+        )
+        files = {os.path.basename(p) for p in glob.glob(f"/dev/shm/{shm_prefix}_*")}
+        assert files == {f"{shm_prefix}_{pids[0]}_0", f"{shm_prefix}_{new_pid}_1"}
+        metrics = recovery.pop_metrics()
+        assert metrics["faults/actor_train/restarts"] == 1.0
+        assert 0 < metrics["faults/actor_train/lost_s"] < BOUND_S
+
+        os.unlink(marker)  # rank 1 dies again: the budget (1) is spent
+        err, took = elapsed(lambda: cluster.work(5))
+        assert isinstance(err, WorkerError) and err.rank == 1 and took < BOUND_S
+        assert "fault_tolerance.max_restarts=1" in "".join(err.__notes__)
+    finally:
+        cluster.shutdown()
+    assert glob.glob(f"/dev/shm/{shm_prefix}_*") == []
+
+
+def test_a_hung_rank_is_replaced_then_fails_naming_the_ranks_within_the_bound(rm, tmp_path):
+    """A rank that stops answering is treated as dead: replaced, its call sent again; when the
+    new one hangs too and the budget is spent, ``WorkerTimeoutError`` names the rank."""
+    from roll_ds.distributed.recovery import Recovery
+
+    cluster = Cluster("rewards.math", Replaceable, rm, init_args=("unused", str(tmp_path / "m")))
+    recovery = Recovery(max_restarts=1)
+    recovery.watch(cluster)
+    old = cluster.infos[0]["pid"]
+    try:
+        err, took = elapsed(lambda: cluster.call("slow", 60, _timeout_s=2))
+        print(f"hung rank: replaced once, then failed after {took:.2f} s")
+        assert isinstance(err, WorkerTimeoutError) and err.ranks == [0]
+        assert "rewards.math.slow(): ranks [0] did not answer within 2 s" in str(err)
+        assert took < 2 * 2 + BOUND_S  # two bounded tries and one replacement
+        assert cluster.infos[0]["pid"] != old and recovery.restarts == {"rewards.math": 1}
+    finally:
+        cluster.shutdown()

@@ -24,6 +24,7 @@ from _pipeline_run import (
     run,
     served_syncs,
     sigkill_after_first_checkpoint,
+    sigkill_worker_after_first_checkpoint,
 )
 
 from roll_ds.config.compose import PROJECT_ROOT
@@ -71,6 +72,25 @@ def test_sigkill_after_checkpoint_then_resume_matches(straight: Path, tmp_path: 
     resumed = run(tmp_path, *ASYNC, "resume_from_checkpoint=latest")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert_same_metrics(tmp_path, straight, steps=(3, 4))
+
+
+def assert_restarted_once(result, left, rows: dict) -> None:
+    """The run ended by itself after one automatic restart, leaving nothing behind."""
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not left, left.describe()
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert [rows[s]["faults/restarts"] for s in (3, 4)] == [1.0, 1.0]
+    assert "faults/restarts" not in rows[2]
+
+
+# Slow (CI restarts the synchronous run in test_rlvr_pipeline.py): a run and its restart.
+@pytest.mark.slow
+def test_a_killed_trainer_rank_restarts_with_the_batch_played_ahead(straight: Path, tmp_path):
+    """mode batch, one step ahead: the restart resumes step 2's checkpoint with step 3's batch
+    that was in flight, and steps 3 and 4 log the uninterrupted run's metrics."""
+    result, left, _ = sigkill_worker_after_first_checkpoint(tmp_path, *ASYNC)
+    assert_restarted_once(result, left, {r["step"]: r for r in metrics(tmp_path)})
+    assert_same_metrics(tmp_path, straight, steps=(3, 4), ignore=("faults/",))
 
 
 def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
@@ -124,6 +144,21 @@ def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
 
 
 STREAM = ("async_generation.max_staleness=2", "async_generation.mode=stream")
+
+
+# Slow (CI restarts the synchronous run in test_rlvr_pipeline.py): a run and its restart.
+@pytest.mark.slow
+def test_a_killed_trainer_rank_restarts_the_stream(tmp_path: Path):
+    """mode stream, two versions ahead: the batches in flight at step 2's checkpoint are
+    trained on after the restart, staleness stays bounded and every sync reaches parity. (No
+    comparison with an uninterrupted run: where a sync pauses the stream is timing's.)"""
+    result, left, _ = sigkill_worker_after_first_checkpoint(tmp_path, *STREAM)
+    rows = {r["step"]: r for r in metrics(tmp_path)}
+    assert_restarted_once(result, left, rows)
+    served = served_syncs(list(rows.values()))
+    for step in (3, 4):
+        assert 0.0 <= rows[step]["rollout/staleness"] <= 2.0, rows[step]
+        assert served[step]["sync/parity_max_abs_diff"] < 1e-4
 
 
 # Slow (CI keeps the kill -9 / resume of stream k=2 in test_mixed_pipeline.py, where rows and

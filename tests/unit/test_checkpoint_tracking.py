@@ -468,3 +468,35 @@ def test_plot_curves_breaks_eval_down_by_domain(tmp_path):
     assert per_domain_keys(rows, "actor/pg_loss") == {}
     out = plot_curves(rows, ["eval/accuracy"], tmp_path / "curves.png")
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_from_latest_without_a_checkpoint_starts_at_step_zero(tmp_path, caplog):
+    """A job a scheduler requeues (Slurm --requeue, a Kubernetes Job) runs one command line,
+    resume_from_checkpoint=latest, at its first start too: nothing to load, step 0, said so."""
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+
+    out = tmp_path / "run"
+    pipeline = RLVRPipeline.__new__(RLVRPipeline)  # the resume path only, no actors
+    pipeline.cfg = SimpleNamespace(resume_from_checkpoint="latest")
+    pipeline.out_dir, pipeline.checkpoints = out, CheckpointManager(out / "checkpoints")
+    pipeline.clusters = {}  # a load would fail: there must be none
+    with caplog.at_level("WARNING"):
+        assert pipeline._maybe_resume() == 0
+    assert "no checkpoint under" in caplog.text and "starting at step 0" in caplog.text
+
+
+def test_a_pipeline_resuming_latest_before_any_checkpoint_is_built(tmp_path):
+    """The checks made before any actor starts (check_resume) let ``latest`` with no
+    checkpoint through to the fresh start above, and still refuse a named one that is missing."""
+    from roll_ds.config import load_config
+    from roll_ds.pipeline.rlvr import RLVRPipeline
+
+    cfg = load_config(
+        "rlvr_lora_zero3", [f"output_dir={tmp_path}", "resume_from_checkpoint=latest"]
+    )
+    assert RLVRPipeline(cfg)._fresh_latest()
+    named = load_config(
+        "rlvr_lora_zero3", [f"output_dir={tmp_path}", "resume_from_checkpoint=step_000002"]
+    )
+    with pytest.raises(FileNotFoundError):
+        RLVRPipeline(named)

@@ -14,6 +14,7 @@ def pipeline_field_problems(cfg: RLVRConfig) -> list[str]:
         ("algorithm", cfg.algorithm, ranges.ALGORITHM),
         ("async_generation", cfg.async_generation, ranges.ASYNC_GENERATION),
         ("weight_sync", cfg.weight_sync, ranges.WEIGHT_SYNC),
+        ("fault_tolerance", cfg.fault_tolerance, ranges.FAULT_TOLERANCE),
         ("ray", cfg.ray, ranges.RAY),
         ("tracking", cfg.tracking, ranges.TRACKING),
         ("validation", cfg.validation, ranges.VALIDATION),
