@@ -261,6 +261,11 @@ def _install_attention(config: Any, group: Any, size: int) -> Callable[[], None]
     text = config.get_text_config()
     heads = text.num_attention_heads
     core = ALL_ATTENTION_FUNCTIONS[impl]
+    if getattr(core, "sp_group_size", None):  # a second wrapper would run Ulysses twice
+        raise RuntimeError(
+            "sequence parallelism is already routing this process's attention (one SP strategy "
+            "per process: close the other first)"
+        )
 
     class _Ulysses(UlyssesSPAttentionHF):
         """A batch size that varies between micro-batches (DeepSpeed's fixes it)."""
@@ -288,6 +293,7 @@ def _install_attention(config: Any, group: Any, size: int) -> Callable[[], None]
         # the mask transformers built covers this rank's shard only; attention is causal
         return ulysses(module, query, key, value, None, *args, **kwargs)
 
+    attention.sp_group_size = size
     ALL_ATTENTION_FUNCTIONS[impl] = attention
     return lambda: ALL_ATTENTION_FUNCTIONS.__setitem__(impl, core)
 
