@@ -193,6 +193,7 @@ DATA_ARGS: dict[str, Rule] = {
 WORKER: dict[str, Rule] = {
     "infer_batch_size": AT_LEAST_1,
     "max_tokens_per_micro_batch": Range(low=1, null="micro-batches by rows"),
+    "sequence_parallel_size": AT_LEAST_1,
     "num_threads": Range(low=1, null="roll_ds/threads.py decides"),
 }
 REWARD: dict[str, Rule] = {"timeout_s": POSITIVE}

@@ -156,6 +156,11 @@ class WorkerConfig:
     # per sequence, no attention mask); outputs equal the padded forward's (strategies/
     # micro_batches.py). Needs an attention implementation that masks by position ids.
     use_sequence_packing: bool = False
+    # Ulysses sequence parallelism (actor_train, reference on deepspeed_train / deepspeed_infer):
+    # groups of this many ranks compute each micro-batch together, each on 1/size of its tokens
+    # (strategies/deepspeed/sequence_parallel.py); 1: off. Divides the role's world size and the
+    # model's attention and key-value head counts; attention sdpa or fa2.
+    sequence_parallel_size: int = 1
     # CPU threads each actor computes with; null: decided by roll_ds/threads.py (on CPU machines
     # from what runs at once, on GPUs the CPUs the actor reserved).
     num_threads: int | None = None

@@ -30,6 +30,7 @@ from roll_ds.strategy import StrategyContext
 from strategies import _common
 from strategies.deepspeed import nvme
 from strategies.deepspeed.loading import require_fp16_support
+from strategies.deepspeed.sequence_parallel import SequenceParallel
 from strategies.deepspeed.zero import (
     batched_forward,
     batched_logprobs,
@@ -52,6 +53,7 @@ class DeepSpeedInferStrategy:
         max_tokens_per_micro_batch: int | None = None,
         use_sequence_packing: bool = False,
         nvme_dir: str | None = None,
+        sequence_parallel_size: int = 1,
     ) -> None:
         # None: a causal LM; a reward-model head (roll_ds.models.reward_model.HEADS): a scorer.
         self.head = None if head is None else check_head(head)
@@ -64,6 +66,8 @@ class DeepSpeedInferStrategy:
         self.use_sequence_packing = use_sequence_packing
         self.seed = seed
         self.nvme_dir = nvme_dir  # an "auto" nvme_path (StrategyContext.nvme_dir)
+        self.sequence_parallel_size = sequence_parallel_size  # Ulysses (sequence_parallel.py)
+        self._sp: SequenceParallel | None = None  # set by initialize
         self.engine: Any = None
 
     @classmethod
@@ -81,6 +85,7 @@ class DeepSpeedInferStrategy:
             max_tokens_per_micro_batch=worker.max_tokens_per_micro_batch,
             use_sequence_packing=worker.use_sequence_packing,
             nvme_dir=ctx.nvme_dir,
+            sequence_parallel_size=worker.sequence_parallel_size,
         )
 
     def initialize(self) -> None:
@@ -122,6 +127,9 @@ class DeepSpeedInferStrategy:
             attn_impl=self.model_args.attn_implementation,
             zero3_config=self.ds_config,
         )
+        if self.head is not None and self.sequence_parallel_size > 1:
+            raise ValueError("sequence_parallel_size > 1 computes log-probs, not reward scores")
+        self._sp = SequenceParallel.setup(self.sequence_parallel_size, model)
         self.engine, *_ = deepspeed.initialize(
             model=model, config=self.ds_config, dist_init_required=False
         )
@@ -154,6 +162,7 @@ class DeepSpeedInferStrategy:
                 temperature=self.logprob_temperature if temperature is None else temperature,
                 max_tokens=self.max_tokens_per_micro_batch,
                 packed=self.use_sequence_packing,
+                sp=self._sp,
             )
         finally:
             release_zero3_params(self.engine)
@@ -188,6 +197,9 @@ class DeepSpeedInferStrategy:
         """See ``offload_states``."""
 
     def close(self) -> None:
+        if self._sp is not None:
+            self._sp.close()
+            self._sp = None
         if self.engine is not None:
             self.engine.destroy()
             self.engine = None

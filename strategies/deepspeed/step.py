@@ -19,6 +19,7 @@ import torch.distributed as dist
 from roll_ds.algorithms.aggregation import MiniBatchNorm
 from roll_ds.models.value_model import forward_values
 from strategies import _common
+from strategies.deepspeed.sequence_parallel import SequenceParallel, group_budget
 from strategies.micro_batches import (
     PackedRows,
     match_count,
@@ -51,6 +52,51 @@ def split_micro_batches(
             f"per_device_train_batch_size x gradient_accumulation_steps = {micro} x {accum}"
         )
     return _common.split_batch(batch, micro)
+
+
+def micro_batch_plan(
+    batch: Mapping[str, torch.Tensor],
+    loss_fn: LossFn,
+    *,
+    micro: int,
+    accum: int,
+    budget: int | None,
+    packed: bool,
+    world_size: int,
+    device: torch.device,
+    sp: SequenceParallel | None = None,
+) -> tuple[list[dict[str, Any]], list[int], list[list[int]], list[MiniBatchNorm] | None]:
+    """``batch`` as micro batches of ``micro`` rows (``budget`` None) or of about ``budget``
+    tokens (``token_micro_batches``); the number of micro batches of each optimizer step of
+    ``micro x accum`` rows; each micro batch's rows of ``batch``; and ``loss_fn``'s
+    mini-batch normalizers (``mini_batch_norms``).
+
+    ``sp``: the micro batches are the SP group's (``SequenceParallel.gather_rows``), its step k
+    its ranks' steps k together, so an optimizer step has ``size`` times the rows; a budget
+    counts a rank's share of a micro batch's tokens (``size`` times as many in all). Rows are
+    then the group's, not ``batch``'s."""
+    replicas = 1
+    if sp is not None:
+        batch, _ = sp.gather_rows(batch, rows_per_step=micro * accum)
+        accum, budget = accum * sp.size, group_budget(sp, budget)
+        replicas = sp.size
+    if budget is not None:
+        chunks, steps, rows = token_micro_batches(
+            batch,
+            budget=budget,
+            micro=micro,
+            accum=accum,
+            packed=packed,
+            world_size=world_size,
+            device=device,
+        )
+    else:
+        chunks = split_micro_batches(batch, micro=micro, accum=accum)
+        steps = [accum] * (len(chunks) // accum)
+        size = _common.batch_size_of(batch)
+        rows = [list(range(a, b)) for a, b in _common.iter_chunks(size, micro)]
+    kw = {"world_size": world_size, "device": device, "replicas": replicas}
+    return chunks, steps, rows, mini_batch_norms(chunks, loss_fn, steps=steps, **kw)
 
 
 def token_micro_batches(
@@ -102,12 +148,15 @@ def mini_batch_norms(
     steps: list[int],
     world_size: int,
     device: torch.device,
+    replicas: int = 1,
 ) -> list[MiniBatchNorm] | None:
     """One ``MiniBatchNorm`` per optimizer step of ``chunks`` (``steps[k]`` consecutive micro
     batches each): the counts of the whole mini-batch, summed over this rank's micro batches and
     all-reduced over the data-parallel ranks (one collective per train step), and the scale
     ``steps[k] x world_size`` that undoes the trainer's averaging. None for a loss without
-    ``mini_batch_counts``."""
+    ``mini_batch_counts``. ``replicas``: ranks holding the same micro batches (an SP group):
+    the all-reduced counts and the scale are divided by it (each of those ranks' losses is
+    multiplied by it, ``SequenceParallel.loss_factor``)."""
     counts_of = getattr(loss_fn, "mini_batch_counts", None)
     if counts_of is None:
         return None
@@ -121,8 +170,9 @@ def mini_batch_norms(
     if dist.is_initialized() and world_size > 1:
         per_step = per_step.to(device)
         dist.all_reduce(per_step)
+    per_step = per_step / replicas
     return [
-        MiniBatchNorm(tokens=tokens, sequences=sequences, scale=float(n * world_size))
+        MiniBatchNorm(tokens=tokens, sequences=sequences, scale=float(n * world_size / replicas))
         for (tokens, sequences), n in zip(per_step.cpu().tolist(), steps, strict=True)
     ]
 
@@ -198,9 +248,16 @@ def head_forward(
     packed: bool,
     temperature: float,
     with_entropy: bool = False,
+    sp: SequenceParallel | None = None,
 ) -> dict[str, torch.Tensor]:
     """``{"logprobs_BT"[, "entropy_BT"]}`` at ``temperature`` of an ``lm`` head, or
-    ``{"values_BT"}`` of a ``value`` head (``packed``: the rows packed into one, no padding)."""
+    ``{"values_BT"}`` of a ``value`` head (``packed``: the rows packed into one, no padding;
+    ``sp``: this rank computing its share of the columns)."""
+    if sp is not None:
+        if head != "lm":
+            raise ValueError("sequence parallelism computes log-probs only (head='lm')")
+        kw = {"with_entropy": with_entropy, "temperature": temperature, "packed": packed}
+        return sp.forward_logprobs(model, input_ids_BT, attention_mask_BT, **kw)
     if head == "value":
         if with_entropy:
             raise ValueError("a value model has no token distribution (with_entropy=True)")

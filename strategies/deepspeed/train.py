@@ -9,7 +9,8 @@ Built from the role's composed ``strategy_config`` (a DeepSpeed JSON whose ``"au
 holds the engine and delegates each job to its module in this package: ``loading`` (seeds,
 DeepSpeed config, model), ``optimizer`` (AdamW, LR schedule, ``deepspeed.initialize``),
 ``step`` (the pieces of a train step), ``old_logprobs`` (a train step that fills in the
-batch's old log-probs), ``export``, ``checkpoint`` and ``offload``.
+batch's old log-probs), ``export``, ``checkpoint``, ``offload`` and ``sequence_parallel``
+(Ulysses: ``sequence_parallel_size`` ranks share each micro-batch's columns).
 
 Every public method is collective: all ranks of the data-parallel group call it together, with
 the same number of micro batches.
@@ -38,6 +39,7 @@ from strategies.deepspeed import checkpoint, export, offload
 from strategies.deepspeed.loading import build_train_ds_config, load_train_model, seed_everything
 from strategies.deepspeed.old_logprobs import OldLogprobs
 from strategies.deepspeed.optimizer import build_engine
+from strategies.deepspeed.sequence_parallel import SequenceParallel, group_budget, over_rows
 from strategies.deepspeed.start_bound import bounded_initialisation, start_timeout_s
 from strategies.deepspeed.step import (
     LossFn,
@@ -46,9 +48,7 @@ from strategies.deepspeed.step import (
     grad_norm,
     head_forward,
     loss_scale_metrics,
-    mini_batch_norms,
-    split_micro_batches,
-    token_micro_batches,
+    micro_batch_plan,
 )
 from strategies.deepspeed.zero import batched_forward, plain_strategy_config, release_zero3_params
 
@@ -73,6 +73,7 @@ class DeepSpeedTrainStrategy:
         max_tokens_per_micro_batch: int | None = None,
         use_sequence_packing: bool = False,
         nvme_dir: str | None = None,
+        sequence_parallel_size: int = 1,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
@@ -91,6 +92,8 @@ class DeepSpeedTrainStrategy:
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.use_sequence_packing = use_sequence_packing
         self.nvme_dir = nvme_dir  # an "auto" nvme_path (StrategyContext.nvme_dir)
+        self.sequence_parallel_size = sequence_parallel_size  # Ulysses (sequence_parallel.py)
+        self._sp: SequenceParallel | None = None  # set by initialize
         self.engine: Any = None
         self.ds_config: dict[str, Any] = {}
         self._offload = offload.EngineOffload()
@@ -114,6 +117,7 @@ class DeepSpeedTrainStrategy:
             max_tokens_per_micro_batch=worker.max_tokens_per_micro_batch,
             use_sequence_packing=worker.use_sequence_packing,
             nvme_dir=ctx.nvme_dir,
+            sequence_parallel_size=worker.sequence_parallel_size,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -153,6 +157,7 @@ class DeepSpeedTrainStrategy:
             nvme_dir=self.nvme_dir,
         )
         model = load_train_model(self.model_path, self.model_args, self.ds_config, head=self.head)
+        self._sp = SequenceParallel.setup(self.sequence_parallel_size, model)
         self.engine, self.optimizer, self.lr_scheduler = build_engine(
             model, self.ds_config, self.training_args, max_steps=self.max_steps
         )
@@ -167,7 +172,8 @@ class DeepSpeedTrainStrategy:
         kw.setdefault("temperature", None)
         if kw["temperature"] is None:
             kw["temperature"] = self.logprob_temperature
-        return head_forward(model, *tensors, head=self.head, packed=self.use_sequence_packing, **kw)
+        packed = self.use_sequence_packing
+        return head_forward(model, *tensors, head=self.head, packed=packed, sp=self._sp, **kw)
 
     def _require_head(self, head: str, what: str) -> None:
         if self.head != head:
@@ -229,31 +235,25 @@ class DeepSpeedTrainStrategy:
         micro = self.training_args.per_device_train_batch_size
         accum = self.training_args.gradient_accumulation_steps
         budget = self.max_tokens_per_micro_batch
-        old = None
+        old, sp = None, self._sp
         if fill_old:
-            own_rows = micro * accum if self._dropout_free else 0
+            # under SP the train forwards run on the group's rows: every row gets the no-grad one
+            own_rows = micro * accum if self._dropout_free and sp is None else 0
             old = OldLogprobs.before_training(self.compute_logprobs, batch, own_rows=own_rows)
             batch = {**batch, "old_logprobs": old.old_BT}
-        if budget is None:
-            chunks = split_micro_batches(batch, micro=micro, accum=accum)
-            steps = [accum] * (len(chunks) // accum)
-            rows = [
-                list(range(a, b)) for a, b in _common.iter_chunks(len(batch["input_ids"]), micro)
-            ]
-        else:
-            chunks, steps, rows = token_micro_batches(
-                batch,
-                budget=budget,
-                micro=micro,
-                accum=accum,
-                packed=self.use_sequence_packing,
-                world_size=self.world_size,
-                device=self.device,
-            )
-        self.engine.train()
-        norms = mini_batch_norms(
-            chunks, loss_fn, steps=steps, world_size=self.world_size, device=self.device
+        chunks, steps, rows, norms = micro_batch_plan(
+            batch,
+            loss_fn,
+            micro=micro,
+            accum=accum,
+            budget=budget,
+            packed=self.use_sequence_packing,
+            world_size=self.world_size,
+            device=self.device,
+            sp=sp,
         )
+        self.engine.train()
+        replicas = sp.size if sp else 1
         tally = StepTally()
         micro_batches = iter(zip(chunks, rows, strict=True))
         try:
@@ -268,7 +268,7 @@ class DeepSpeedTrainStrategy:
                         with_entropy,
                         tally,
                         # row-count micro batches: DeepSpeed's own micro-step counter decides
-                        at_boundary=None if budget is None else j == n - 1,
+                        at_boundary=None if budget is None and replicas == 1 else j == n - 1,
                         count=n,
                         old_from_forward=old is not None and old.from_forward(chunk_rows),
                     )
@@ -276,7 +276,7 @@ class DeepSpeedTrainStrategy:
                         assert old is not None
                         old.put(chunk_rows, own)
         finally:
-            if budget is not None:
+            if budget is not None or replicas > 1:
                 self.engine.set_gradient_accumulation_boundary(None)
         metrics = {**tally.result(len(chunks)), **loss_scale_metrics(self.engine)}
         if self._perf is not None:
@@ -317,7 +317,8 @@ class DeepSpeedTrainStrategy:
         boundary = self.engine.is_gradient_accumulation_boundary()
         if boundary:
             tally.lrs.append(self.lr_scheduler.get_last_lr()[0])
-        self.engine.backward(loss / count, scale_wrt_gas=False)
+        factor = self._sp.loss_factor if self._sp is not None else 1.0
+        self.engine.backward(loss * factor / count, scale_wrt_gas=False)
         # DeepSpeed reports no norm for fp32 ZeRO-0 without clipping: take it from the
         # gradients (already averaged over the ranks at the boundary) before the step.
         own_norm = grad_norm(self.module) if boundary and self.zero_stage == 0 else None
@@ -387,18 +388,18 @@ class DeepSpeedTrainStrategy:
         """``forward`` in eval mode over ``infer_batch_size`` chunks (``batched_forward``)."""
         was_training = self.engine.training
         self.engine.eval()
+        run = functools.partial(  # under SP over the group's rows, this rank's returned
+            batched_forward,
+            forward,
+            batch_size=self.infer_batch_size,
+            device=self.device,
+            lockstep=self.zero_stage == 3 and self.world_size > 1,
+            empty_keys=keys,
+            max_tokens=group_budget(self._sp, self.max_tokens_per_micro_batch),
+            packed=self.use_sequence_packing,
+        )
         try:
-            return batched_forward(
-                forward,
-                input_ids_BT,
-                attention_mask_BT,
-                batch_size=self.infer_batch_size,
-                device=self.device,
-                lockstep=self.zero_stage == 3 and self.world_size > 1,
-                empty_keys=keys,
-                max_tokens=self.max_tokens_per_micro_batch,
-                packed=self.use_sequence_packing,
-            )
+            return over_rows(self._sp, run, input_ids_BT, attention_mask_BT)
         finally:
             self.engine.train(was_training)
             release_zero3_params(self.engine)
@@ -486,6 +487,9 @@ class DeepSpeedTrainStrategy:
 
     def close(self) -> None:
         """Release the engine (lets one process build several strategies, as tests do)."""
+        if self._sp is not None:
+            self._sp.close()
+            self._sp = None
         if self.engine is not None:
             self.engine.destroy()
             self.engine = None

@@ -4,6 +4,7 @@ forwards, the barrier that ends a rank-0 write, and the strategy config as a pla
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch.distributed as dist
 
 from roll_ds.config.plain import plain_dict
 from strategies import _common
+from strategies.deepspeed.sequence_parallel import SequenceParallel, group_budget, over_rows
 from strategies.micro_batches import token_batched_forward
 
 
@@ -27,22 +29,25 @@ def batched_logprobs(
     temperature: float = 1.0,
     max_tokens: int | None = None,
     packed: bool = False,
+    sp: SequenceParallel | None = None,
 ) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) in chunks of ``batch_size`` rows or ``max_tokens`` tokens, each
-    ``packed`` or not; see ``batched_forward``."""
-    return batched_forward(
-        lambda ids, mask: _common.forward_logprobs(
+    ``packed`` or not; see ``batched_forward``. ``sp``: over the SP group's rows, each chunk's
+    columns shared by its ranks (``sequence_parallel.over_rows``)."""
+    forward = _common.forward_logprobs if sp is None else sp.forward_logprobs
+    run = functools.partial(
+        batched_forward,
+        lambda ids, mask: forward(
             model, ids, mask, with_entropy=with_entropy, temperature=temperature, packed=packed
         ),
-        input_ids_BT,
-        attention_mask_BT,
         batch_size=batch_size,
         device=device,
         lockstep=lockstep,
         empty_keys=("logprobs_BT", "entropy_BT") if with_entropy else ("logprobs_BT",),
-        max_tokens=max_tokens,
+        max_tokens=group_budget(sp, max_tokens),
         packed=packed,
     )
+    return over_rows(sp, run, input_ids_BT, attention_mask_BT)
 
 
 def batched_forward(

@@ -64,6 +64,7 @@ def make_strategy(
     max_tokens_per_micro_batch: int | None = None,
     use_sequence_packing: bool = False,
     nvme_dir: str | None = None,
+    sequence_parallel_size: int = 1,
     **args: Any,
 ):
     """A DeepSpeedTrainStrategy on a preset (``zero`` updates its zero_optimization section,
@@ -92,6 +93,7 @@ def make_strategy(
         max_tokens_per_micro_batch=max_tokens_per_micro_batch,
         use_sequence_packing=use_sequence_packing,
         nvme_dir=nvme_dir,
+        sequence_parallel_size=sequence_parallel_size,
     )
     strategy.initialize()
     return strategy

@@ -30,6 +30,9 @@ for _name, _target in {
     # (cfg, *, check_files) DeepSpeed roles: ZeRO++ against device and nodes, NVMe offload
     # against libaio and the disk
     "deepspeed": "strategies.deepspeed.config_checks:deepspeed_run_problems",
+    # (cfg, *, check_files) sequence_parallel_size: roles, strategies, world sizes, attention,
+    # and the model's head counts
+    "sequence_parallel": "strategies.deepspeed.sequence_parallel_checks:sequence_parallel_problems",
     # (cfg, *, check_files) data keys, formats, files
     "data": "roll_ds.data.sources:data_problems",
 }.items():
