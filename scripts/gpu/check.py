@@ -54,8 +54,10 @@ PACKAGES = (
     "flash-attn",
     "pytest",
 )
-# Differ between two runs of the same steps by nature (wall clock); everything else should not.
-VOLATILE_PREFIXES = ("time/", "throughput/")
+# Differ between two runs of the same steps by nature (wall clock, and the throughput, FLOP/s and
+# MFU derived from it), under any role's prefix (critic/perf/mfu); everything else should not.
+# As tests/integration/_pipeline_run.py's.
+VOLATILE_SECTIONS = ("time", "throughput", "perf")
 VOLATILE_WORDS = ("seconds", "gbps")
 RESUME_RTOL, RESUME_ATOL = 1e-5, 1e-6  # what the CPU resume tests allow
 
@@ -258,6 +260,7 @@ def run_restarted(work: Path, args: argparse.Namespace, timeout_s: float) -> dic
     if failed:
         return failed
     seconds_to_kill = round(time.monotonic() - started, 1)
+    checkpoint = (out / CONFIG / "checkpoints" / "latest").read_text().strip()
     ranks = [p for p in descendants(proc.pid) if "ray::ActorTrainWorker" in _cmdline(p)]
     if not ranks:
         return {"error": "no ray::ActorTrainWorker process under the run", **kill_tree(proc)}
@@ -284,7 +287,7 @@ def run_restarted(work: Path, args: argparse.Namespace, timeout_s: float) -> dic
         "rc": proc.returncode,
         "timed_out": False,
         "seconds": seconds,
-        "checkpoint": (out / CONFIG / "checkpoints" / "latest").read_text().strip(),
+        "checkpoint": checkpoint,  # the one the run restarted from
         "seconds_to_kill": seconds_to_kill,
         "killed": killed,
         "restart_logged": "automatic restart 1 of" in text,
@@ -301,8 +304,8 @@ def run_restarted(work: Path, args: argparse.Namespace, timeout_s: float) -> dic
 
 
 def _cmdline(process: object) -> str:
-    try:
-        return " ".join(process.cmdline())
+    try:  # a Ray worker's title is padded with spaces
+        return " ".join(" ".join(process.cmdline()).split())
     except Exception:  # gone meanwhile
         return ""
 
@@ -431,7 +434,8 @@ def pytest_summary(xml_path: Path) -> dict:
 
 
 def is_volatile(key: str) -> bool:
-    return key.startswith(VOLATILE_PREFIXES) or any(w in key for w in VOLATILE_WORDS)
+    sections = key.split("/")[:-1]
+    return any(s in VOLATILE_SECTIONS for s in sections) or any(w in key for w in VOLATILE_WORDS)
 
 
 def step_table(rows: list[dict], prefixes: tuple[str, ...]) -> list[dict]:

@@ -65,12 +65,14 @@ def _work(tmp_path: Path, runs: dict) -> Path:
             "rollout/score": s / 10,
             "sync/parity_max_abs_diff": 0,
             "colocation/actor_train_offload_allocated_mib": 10.0 + s,
+            "perf/mfu": 0.1,
         }
         for s in (1, 2, 3, 4)
     ]
     straight[3]["eval/accuracy"] = 0.25
     resumed = [dict(r) for r in straight]
     resumed[2]["time/train"] = 9.0  # wall clock: not compared
+    resumed[2]["perf/mfu"] = 0.2  # nor what derives from it
     resumed[3]["rollout/score"] = 0.41  # step 4 differs
     restarted = [dict(r) for r in straight]
     restarted[2]["rollout/score"] = 0.35  # step 3 differs
@@ -129,6 +131,7 @@ def test_report_counts_tests_and_compares_the_resumed_and_restarted_runs(tmp_pat
         {"step": 4, "metric": "rollout/score", "resumed": 0.41, "straight": 0.4}
     ]
     assert "time/train" not in resume["max_abs_diff_per_metric"]
+    assert "perf/mfu" not in resume["max_abs_diff_per_metric"]
     restart = rlvr["restart"]
     assert restart["checkpoint"] == "step_000002" and restart["compared_steps"] == [3, 4]
     assert restart["beyond_tolerance"] == [
