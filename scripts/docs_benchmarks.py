@@ -273,10 +273,10 @@ def gpu_check(d: dict | None = None) -> str:
     d = d or _load("gpu_check_h200")
     gpu, packages, runs = d["versions"]["gpu"], d["versions"]["packages"], d["rlvr"]["runs"]
     test = d["pytest"]
-    parity = max(p["sync/parity_max_abs_diff"] for p in d["rlvr"]["parity"])
-    offload = [
-        m["colocation/actor_train_offload_allocated_mib"] for m in d["rlvr"]["memory_mib_per_step"]
-    ]
+    # A step whose rollout the last step's evaluation synced for logs no parity of its own.
+    parity = max(p.get("sync/parity_max_abs_diff", 0.0) for p in d["rlvr"]["parity"])
+    key = "colocation/actor_train_offload_allocated_mib"
+    offload = [m[key] for m in d["rlvr"]["memory_mib_per_step"] if key in m]
     eval_acc = [r["eval/accuracy"] for r in d["rlvr"]["learning"] if "eval/accuracy" in r]
     rows = [[st["stage"], str(st["rc"]), f"{st['seconds']} s"] for st in d["stages"]]
     skips = "; ".join(f"{reason} ({n})" for reason, n in test["skip_reasons"].items())

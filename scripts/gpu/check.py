@@ -353,36 +353,45 @@ def runs(work: Path, args: argparse.Namespace) -> dict:
     straight_s = straight.get("seconds") if straight.get("rc") == 0 else None
     for name in [n for n in RUNS if n in args.only]:
         fn, factor = RUNS[name]
-        if name == "resumed" and "checkpoint" not in results.get("killed", {}):
-            why = "skipped" if "skipped" in results.get("killed", {}) else "left no checkpoint"
-            results[name] = {"skipped": f"the killed run {why}"}
-            continue
-        timeout_s = args.run_timeout * factor
-        if args.deadline is not None:
-            left = args.deadline - time.time()
-            need = factor * straight_s if straight_s else 0.0
-            if left < max(need, 10.0):
-                results[name] = {
-                    "skipped": f"{left:.0f} s left of the check's budget; this run takes about "
-                    f"{need:.0f} s ({factor:g} x the straight run's {straight_s} s)"
-                }
-                print(f"check.py: run {name}: {results[name]['skipped']}", flush=True)
-                runs_file.write_text(json.dumps(results, indent=1))
-                continue
-            timeout_s = min(timeout_s, left)
-        print(f"check.py: run {name} (at most {timeout_s:.0f} s) ...", flush=True)
-        try:
-            results[name] = fn(work, args, timeout_s)
-        except Exception as exc:
-            results[name] = {"error": repr(exc)}
-            for proc in _running:  # what the run started must not outlive its error
-                if proc.poll() is None:
-                    kill_tree(proc, grace_s=2.0)
+        skipped = skip_reason(name, results, factor * straight_s if straight_s else 0.0, args)
+        if skipped:
+            results[name] = {"skipped": skipped}
+        else:
+            timeout_s = args.run_timeout * factor
+            if args.deadline is not None:
+                timeout_s = min(timeout_s, args.deadline - time.time())
+            print(f"check.py: run {name} (at most {timeout_s:.0f} s) ...", flush=True)
+            try:
+                results[name] = fn(work, args, timeout_s)
+            except Exception as exc:
+                results[name] = {"error": repr(exc)}
+                for proc in _running:  # what the run started must not outlive its error
+                    if proc.poll() is None:
+                        kill_tree(proc, grace_s=2.0)
         if name == "straight":
             straight_s = results[name].get("seconds") if results[name].get("rc") == 0 else None
         print(f"check.py: run {name}: {results[name]}", flush=True)
         runs_file.write_text(json.dumps(results, indent=1))
     return results
+
+
+def skip_reason(name: str, results: dict, need_s: float, args: argparse.Namespace) -> str | None:
+    """Why run ``name`` is not started (it needs about ``need_s``), or None."""
+    if name == "resumed" and "checkpoint" not in results.get("killed", {}):
+        why = "skipped" if "skipped" in results.get("killed", {}) else "left no checkpoint"
+        return f"the killed run {why}"
+    if args.deadline is None:
+        return None
+    left = args.deadline - time.time()
+    if left >= max(need_s, 10.0):
+        return None
+    if not need_s:  # no straight run to estimate from
+        return f"{left:.0f} s left of the check's budget"
+    straight_s = results["straight"]["seconds"]
+    return (
+        f"{left:.0f} s left of the check's budget; this run takes about {need_s:.0f} s "
+        f"({RUNS[name][1]:g} x the straight run's {straight_s} s)"
+    )
 
 
 def runs_ok(done: dict, names: list[str]) -> bool:

@@ -203,3 +203,50 @@ def test_report_comes_out_when_nothing_ran(tmp_path: Path):
     report = json.loads(out.read_text())
     assert report["pytest"] == {"error": "no pytest.xml (pytest did not finish?)"}
     assert report["stages"] == [] and report["versions"] is None
+
+
+def test_runs_that_would_end_past_the_deadline_are_skipped_with_the_reason(tmp_path: Path):
+    """check.py runs estimates a run's time from the straight run's (its RUNS factor) and starts
+    none that would end after --deadline; the by-hand resume goes with the killed run."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "runs.json").write_text(json.dumps({"straight": {"rc": 0, "seconds": 100.0}}))
+    past = "0"  # the deadline, long past
+    cmd = [
+        "scripts/gpu/check.py",
+        "runs",
+        str(work),
+        "--only",
+        "killed,resumed",
+        "--deadline",
+        past,
+    ]
+    result = subprocess.run(
+        [sys.executable, *cmd],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr  # skipped for time is no failure
+    runs = json.loads((work / "runs.json").read_text())
+    assert runs["straight"] == {"rc": 0, "seconds": 100.0}  # kept from the earlier call
+    assert (
+        "this run takes about 80 s (0.8 x the straight run's 100.0 s)" in runs["killed"]["skipped"]
+    )
+    assert runs["resumed"] == {"skipped": "the killed run skipped"}
+    assert not (work / "run_killed.log").exists()
+
+
+def test_runs_rejects_an_unknown_run(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, "scripts/gpu/check.py", "runs", str(tmp_path), "--only", "straigt"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--only: no run ['straigt']; the runs are straight, restarted, killed, resumed" in (
+        result.stderr
+    )
