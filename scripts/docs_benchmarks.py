@@ -267,24 +267,19 @@ def zero3_frozen_base(name: str) -> str:
 LEARNING_PREFIXES = ("actor/", "rollout/", "eval/")
 
 
-def gpu_check() -> str:
-    d = _load("gpu_check_h200")
+def gpu_check(d: dict | None = None) -> str:
+    """The GPU check's report (``d``, else gpu_check_h200.json); one recorded before the check
+    had its "restarted" run renders without it."""
+    d = d or _load("gpu_check_h200")
     gpu, packages, runs = d["versions"]["gpu"], d["versions"]["packages"], d["rlvr"]["runs"]
     test = d["pytest"]
-    parity = max(p["sync/parity_max_abs_diff"] for p in d["rlvr"]["parity"])
-    resume = d["rlvr"]["resume"]
-    learned = {
-        k: v
-        for k, v in resume["max_abs_diff_per_metric"].items()
-        if k.startswith(LEARNING_PREFIXES)
-    }
-    offload = [
-        m["colocation/actor_train_offload_allocated_mib"] for m in d["rlvr"]["memory_mib_per_step"]
-    ]
+    # A step whose rollout the last step's evaluation synced for logs no parity of its own.
+    parity = max(p.get("sync/parity_max_abs_diff", 0.0) for p in d["rlvr"]["parity"])
+    key = "colocation/actor_train_offload_allocated_mib"
+    offload = [m[key] for m in d["rlvr"]["memory_mib_per_step"] if key in m]
     eval_acc = [r["eval/accuracy"] for r in d["rlvr"]["learning"] if "eval/accuracy" in r]
     rows = [[st["stage"], str(st["rc"]), f"{st['seconds']} s"] for st in d["stages"]]
     skips = "; ".join(f"{reason} ({n})" for reason, n in test["skip_reasons"].items())
-    steps = resume["compared_steps"]
     lines = [
         f"One {gpu['name']} ({gpu['memory_gib']} GiB), torch {packages['torch']}, DeepSpeed "
         f"{packages['deepspeed']}, Ray {packages['ray']}, no vLLM "
@@ -293,13 +288,26 @@ def gpu_check() -> str:
         _table(["stage", "exit", "time"], rows),
         "",
         f"- RLVR run, {runs['steps']} steps, overrides `{' '.join(runs['overrides'])}`: "
-        f"{runs['straight']['seconds']:g} s uninterrupted; a second run SIGKILLed after its "
-        f"`{runs['killed']['checkpoint']}` checkpoint ({runs['killed']['seconds_to_kill']:g} s, "
-        f"{runs['killed']['processes_in_tree']} processes, "
-        f"{len(runs['killed']['outlived_kill'])} outlived the kill) and resumed in "
-        f"{runs['resumed']['seconds']:g} s.",
-        f"- Resumed against uninterrupted, steps {steps[0]}-{steps[-1]}: largest difference over "
-        f"{len(learned)} learning and eval metrics {max(learned.values()):g}.",
+        f"{runs['straight']['seconds']:g} s uninterrupted.",
+    ]
+    if "restarted" in runs:
+        lines += _gpu_check_restart(runs["restarted"], d["rlvr"].get("restart"))
+    killed, resumed = runs.get("killed", {}), runs.get("resumed", {})
+    if "checkpoint" in killed and "seconds" in resumed:
+        resume = d["rlvr"]["resume"]
+        steps, learned = resume["compared_steps"], _learned(resume)
+        lines += [
+            f"- A run SIGKILLed (its whole process group) after its `{killed['checkpoint']}` "
+            f"checkpoint ({killed['seconds_to_kill']:g} s, {killed['processes_in_tree']} "
+            f"processes, {len(killed['outlived_kill'])} outlived the kill) and resumed by hand in "
+            f"{resumed['seconds']:g} s.",
+            f"- Resumed against uninterrupted, steps {steps[0]}-{steps[-1]}: largest difference "
+            f"over {len(learned)} learning and eval metrics {max(learned.values()):g}.",
+        ]
+    else:
+        why = killed.get("skipped") or killed.get("error") or resumed.get("skipped", "not run")
+        lines.append(f"- Killed by hand and resumed: not checked ({why}).")
+    lines += [
         f"- Parity after each sync: max |delta| {parity:.2g} at most.",
         f"- Trainer offloaded while the rollout generates: {min(offload):.0f}-{max(offload):.0f} "
         f"MiB left allocated on the GPU; eval accuracy at step {runs['steps']}: {eval_acc[-1]:g}.",
@@ -307,6 +315,43 @@ def gpu_check() -> str:
         f"errors, {test['skipped']} skipped ({skips}).",
     ]
     return "\n".join(lines)
+
+
+def _learned(diffs: dict) -> dict[str, float]:
+    """The largest difference per learning or eval metric (not the phase times or memory)."""
+    per_metric = diffs["max_abs_diff_per_metric"]
+    return {k: v for k, v in per_metric.items() if k.startswith(LEARNING_PREFIXES)}
+
+
+def _gpu_check_restart(run: dict, restart: dict | None) -> list[str]:
+    if "seconds_to_kill" not in run:
+        return [f"- Automatic restart: not checked ({run.get('skipped') or run.get('error')})."]
+    faults = run["faults"]
+    gpu_after = run["gpu_processes_after"]
+    line = (
+        f"- The same run, its trainer rank (`{run['killed']['cmdline'].split()[0]}`) SIGKILLed "
+        f"after its `{run['checkpoint']}` checkpoint ({run['seconds_to_kill']:g} s): "
+        f"{'automatic restart 1 logged' if run['restart_logged'] else 'no restart logged'}, "
+        f"exit {run['rc']} after {run['seconds']:g} s; faults/restarts "
+        f"{faults.get('faults/restarts', 0):g}, faults/lost_seconds "
+        f"{faults.get('faults/lost_seconds', 0):.1f}; {len(run['outlived_run'])} of "
+        f"{run['processes_in_tree']} processes outlived the run"
+    )
+    if run["killed_rank_on_gpu"] is not None:
+        line += (
+            f"; on the GPU once restarted {len(run['gpu_processes_restarted'])} processes, the "
+            f"dead rank {'among them' if run['killed_rank_on_gpu'] else 'not among them'}"
+        )
+    if gpu_after is not None:
+        line += f", after the run {len(gpu_after)}"
+    lines = [line + "."]
+    if restart and restart["compared_steps"]:
+        steps, learned = restart["compared_steps"], _learned(restart)
+        lines.append(
+            f"- Restarted against uninterrupted, steps {steps[0]}-{steps[-1]}: largest difference "
+            f"over {len(learned)} learning and eval metrics {max(learned.values()):g}."
+        )
+    return lines
 
 
 # --- the page ---------------------------------------------------------------------------------

@@ -17,8 +17,9 @@
 #      (image_like_venv.py), so every carried package comes from the carried site. pytest -m gpu
 #      then only collects (its tests skip: no GPU), which shows no test module fails to import
 #      without vLLM; the runs go through run.py with colocation.offload=always and 4 steps
-#      (save at 2), each allowed 300 s (on CPU DeepSpeed first builds its shm_comm op, ~1 min).
-#      Its report is WORKDIR/out/gpu_check.json.
+#      (save at 2), each allowed 300 s (on CPU DeepSpeed first builds its shm_comm op, ~1 min):
+#      all four (straight, restarted, killed, resumed) fit its BUDGET_S=1200. Its report is
+#      WORKDIR/out/gpu_check.json.
 #
 # Not testable here: CPython 3.12 and the cp312 wheels themselves, CUDA, NCCL, nvcc op builds,
 # the GPU memory figures.
@@ -145,9 +146,13 @@ import json, sys
 report = json.load(open(sys.argv[1]))
 print(json.dumps({k: report[k] for k in ("stages", "pytest")}, indent=1)[:3000])
 rlvr = report["rlvr"]
-print(json.dumps({k: rlvr.get(k) for k in ("runs", "parity", "resume")}, indent=1)[:6000])
+print(json.dumps({k: rlvr.get(k) for k in ("runs", "parity", "resume", "restart")}, indent=1)[:8000])
 assert all(s["rc"] == 0 for s in report["stages"]), report["stages"]
 assert report["pytest"]["failed"] == report["pytest"]["errors"] == 0, report["pytest"]
 assert rlvr["resume"]["compared_steps"] == [3, 4] and not rlvr["resume"]["beyond_tolerance"]
+restarted = rlvr["runs"]["restarted"]
+assert restarted["rc"] == 0 and restarted["restart_logged"] and not restarted["outlived_run"]
+assert restarted["faults"]["faults/restarts"] == 1.0, restarted
+assert rlvr["restart"]["compared_steps"] == [3, 4] and not rlvr["restart"]["beyond_tolerance"]
 print("test_carry.sh: check.sh on CPU with the carry: ok")
 EOF
