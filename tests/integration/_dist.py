@@ -18,6 +18,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from roll_ds.distributed.shm import held_files, scan, unlink_recorded
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -77,11 +79,17 @@ def run_distributed(
             if errors:  # peers of a failed rank usually hang in a collective
                 break
     finally:
+        # /dev/shm files the ranks hold (on a GPU the CUDA driver's cuda.shm.*, which a rank
+        # that is killed, or exits while a peer still maps it, leaves behind), removed once the
+        # ranks are gone unless this process holds them too
+        held = scan([p.pid for p in procs if p.pid is not None])
         for p in procs:
             p.join(timeout=5 if not errors else 0.5)
             if p.is_alive():
                 p.kill()
                 p.join()
+        ours = held_files([os.getpid()])
+        unlink_recorded({n: i for n, i in held.items() if n not in ours})
     if errors:
         rank, tb = min(errors.items())
         raise RuntimeError(f"{fn.__name__} failed on rank {rank}:\n{tb}")
