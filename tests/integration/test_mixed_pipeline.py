@@ -62,6 +62,9 @@ def test_rows_and_episodes_train_and_evaluate_in_one_batch(straight: Path):
     )
 
 
+# Slow (a killed run plus a resumed one, ~100 s): CI resumes mixed batches in the two played-ahead
+# tests below, and a synchronous run's exact resume in test_rlvr_pipeline.py's trainer restart.
+@pytest.mark.slow
 def test_mixed_resume_after_sigkill_matches(straight: Path, tmp_path: Path):
     assert sigkill_after_first_checkpoint(tmp_path, *SMALL, config=CONFIG) == "step_000002"
     resumed = run(tmp_path, *SMALL, "resume_from_checkpoint=latest", config=CONFIG)
