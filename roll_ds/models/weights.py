@@ -94,8 +94,24 @@ def adapter_config(model: torch.nn.Module) -> dict[str, Any]:
     return json.loads(json.dumps(config, default=sorted))  # sets -> sorted lists
 
 
+def _on_nvme(param: torch.nn.Parameter) -> bool:
+    """A ZeRO-3 parameter whose partition ZeRO-Infinity swaps to NVMe (``offload_param``)."""
+    location = getattr(getattr(param, "ds_tensor", None), "final_location", None)
+    return location is not None and str(getattr(location, "value", location)) == "nvme"
+
+
 def _materialise(units: list[WeightUnit]) -> Bucket:
     params = list({id(p): p for u in units for p in u.params}.values())
+    if any(_on_nvme(p) for p in params):
+        # ZeRO-Infinity swaps each gathered parameter in through one of offload_param's
+        # buffer_count buffers: a bucket of many (a 256 MB bucket of a 3B model holds a dozen)
+        # fails ("Not enough buffers 5 for swapping 6"), so gather one unit (a layer's few
+        # tensors) at a time; the bucket is the same, built from more, smaller all-gathers.
+        bucket: Bucket = []
+        for unit in units:
+            with torch.no_grad(), _gathered(list(unit.params)):
+                bucket.extend(unit.produce())
+        return bucket
     with torch.no_grad(), _gathered(params):
         return [item for u in units for item in u.produce()]
 
