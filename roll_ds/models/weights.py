@@ -70,6 +70,12 @@ def gathered_adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of a peft model's trainable (adapter) parameters under their parameter names,
     gathered under ZeRO-3 (every rank calls this together)."""
     lora = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if any(_on_nvme(p) for _, p in lora):  # one swap buffer per gathered parameter: one at a time
+        state = {}
+        for n, p in lora:
+            with torch.no_grad(), _gathered([p]):
+                state[n] = p.detach().to("cpu").clone()
+        return state
     with torch.no_grad(), _gathered([p for _, p in lora]):
         return {n: p.detach().to("cpu").clone() for n, p in lora}
 

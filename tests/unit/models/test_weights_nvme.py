@@ -51,3 +51,12 @@ def test_other_parameters_are_gathered_as_one_bucket(monkeypatch):
         bucket = weights._materialise(_units(location))
         assert gathers == [6], location
         assert [name for name, _ in bucket] == ["w0", "w1", "w2"]
+
+
+def test_an_adapter_on_nvme_is_gathered_one_parameter_at_a_time(monkeypatch):
+    gathers = _record(monkeypatch)
+    model = torch.nn.Linear(2, 2)
+    for p in model.parameters():
+        p.ds_tensor = SimpleNamespace(final_location=OffloadDeviceEnum.nvme)
+    state = weights.gathered_adapter_state(model)
+    assert gathers == [1, 1] and sorted(state) == ["bias", "weight"]
