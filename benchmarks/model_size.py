@@ -422,6 +422,27 @@ def attempt(mode: str, size: str, work: Path, keep_model: bool, timeout_s: float
     return record
 
 
+def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results document from sweeps run apart: a mode's attempts and largest size come from
+    the last part that ran the mode (a later sweep supersedes an earlier one's)."""
+    by_mode: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+    for part in parts:
+        command = part.get("commands", [part.get("command")])[0]
+        for mode in dict.fromkeys(a["mode"] for a in part["attempts"]):
+            by_mode[mode] = (command, [a for a in part["attempts"] if a["mode"] == mode])
+    largest = {}
+    for mode, (_, attempts) in by_mode.items():
+        done = [a["params"] for a in attempts if a["ok"]]
+        if done:
+            largest[mode] = max(done)
+    return {
+        "commands": list(dict.fromkeys(command for command, _ in by_mode.values())),
+        "box": parts[0]["box"],
+        "attempts": [a for _, attempts in by_mode.values() for a in attempts],
+        "largest_params": largest,
+    }
+
+
 def write_results(results: dict[str, Any], path: str) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -483,8 +504,18 @@ def main() -> None:
     parser.add_argument("--work-dir", default="output/model_size")
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     parser.add_argument("--keep-models", action="store_true")
+    parser.add_argument(
+        "--combine", nargs="+", help="merge these results files (sweeps run apart) into --out"
+    )
     parser.add_argument("--run-one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+
+    if args.combine:
+        results = combine([json.loads(Path(f).read_text()) for f in args.combine])
+        write_results(results, args.out)
+        if args.plot:
+            plot(results, args.plot)
+        return
 
     if args.run_one:  # the child: one attempt, its result written as JSON
         mode, model_dir, work, out = args.run_one
@@ -499,7 +530,7 @@ def main() -> None:
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
-        "command": "python " + " ".join(sys.argv),
+        "commands": ["python " + " ".join(sys.argv)],
         "box": box_description(),
         "attempts": [],
         "largest_params": {},

@@ -49,3 +49,37 @@ def test_mode_overrides_compose(tmp_path, mode):
 def test_bad_size_names_the_form():
     with pytest.raises(SystemExit, match="<family>:<layers>"):
         parse_size("13b:4")
+
+
+def test_combine_takes_each_mode_from_the_last_sweep_that_ran_it():
+    from benchmarks.model_size import combine
+
+    def attempt(mode, size, ok, params):
+        return {"mode": mode, "size": size, "ok": ok, "params": params}
+
+    first = {
+        "commands": ["sweep 1"],
+        "box": "box",
+        "attempts": [
+            attempt("zero0_full", "a", True, 1),
+            attempt("zero3_nvme_full", "b", False, 3),
+        ],
+        "largest_params": {"zero0_full": 1},
+    }
+    second = {
+        "command": "sweep 2",  # a results file from before "commands"
+        "box": "box",
+        "attempts": [
+            attempt("zero3_nvme_full", "b", True, 3),
+            attempt("zero3_nvme_full", "c", False, 4),
+        ],
+        "largest_params": {"zero3_nvme_full": 3},
+    }
+    out = combine([first, second])
+    assert out["commands"] == ["sweep 1", "sweep 2"]
+    assert [(a["mode"], a["size"], a["ok"]) for a in out["attempts"]] == [
+        ("zero0_full", "a", True),
+        ("zero3_nvme_full", "b", True),
+        ("zero3_nvme_full", "c", False),
+    ]
+    assert out["largest_params"] == {"zero0_full": 1, "zero3_nvme_full": 3}
