@@ -466,8 +466,9 @@ def plot(results: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, mode in enumerate(MODES):
+    modes = [m for m in MODES if any(a["mode"] == m for a in results["attempts"])]
+    fig, ax = plt.subplots(figsize=(7, 1 + 0.8 * len(modes)))
+    for i, mode in enumerate(modes):
         tries = [a for a in results["attempts"] if a["mode"] == mode]
         for a in tries:
             ax.scatter(
@@ -477,7 +478,7 @@ def plot(results: dict[str, Any], path: str) -> None:
                 color="tab:green" if a["ok"] else "tab:red",
                 s=60,
             )
-    ax.set_yticks(range(len(MODES)), list(MODES))
+    ax.set_yticks(range(len(modes)), modes)
     ax.set_xlabel("parameters (billions); o: one RL step completed, x: failed")
     ax.set_title(f"Largest model per mode on {results['box']}")
     ax.grid(axis="x", alpha=0.3)

@@ -363,6 +363,66 @@ def _gpu_check_restart(run: dict, restart: dict | None) -> list[str]:
     return lines
 
 
+# --- the largest model per mode (benchmarks/model_size.py) ----------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def _proc_label(name: str) -> str:
+    """A process's command line as the table names it: the Ray actor's class, or the program."""
+    if name.startswith("ray::"):
+        return name.split()[0].removeprefix("ray::").split(".")[0]
+    return Path(name.split()[0]).name
+
+
+def model_size() -> str:
+    d = _load("model_size")
+    rows = []
+    for a in d["attempts"]:
+        biggest = a["processes"][0] if a["processes"] else {"name": "?", "peak_rss_bytes": 0}
+        mfu = a.get("metrics", {}).get("perf/mfu")
+        rows.append(
+            [
+                a["mode"],
+                a["size"],
+                f"{a['params'] / 1e9:.2f}B",
+                "ok" if a["ok"] else f"failed (exit {a['exit_code']})",
+                f"{a['step_s']:.0f}" if a.get("step_s") else "-",
+                _gib(a["peak_box_used_bytes"]),
+                f"{_gib(biggest['peak_rss_bytes'])} ({_proc_label(biggest['name'])})",
+                f"{_gib(a['trainer_disk_read_bytes'])} / {_gib(a['trainer_disk_write_bytes'])}",
+                f"{mfu:.2f}" if mfu is not None else "-",
+            ]
+        )
+    header = [
+        "mode",
+        "size",
+        "parameters",
+        "one RL step",
+        "step s",
+        "box peak GiB",
+        "largest process GiB",
+        "trainer disk read / written GiB",
+        "MFU",
+    ]
+    largest = d["largest_params"]
+    commands = ", then ".join(f"`{c}`" for c in d["commands"])
+    lines = [f"{commands} on {d['box']} (`benchmarks/results/model_size.json`).", ""]
+    lines.append(_table(header, rows))
+    lines.append("")
+    lines.append(
+        "Largest completed per mode: "
+        + ", ".join(f"{m} {p / 1e9:.2f}B" for m, p in largest.items())
+        + "."
+    )
+    if "zero0_full" in largest and "zero3_nvme_full" in largest:
+        ratio = largest["zero3_nvme_full"] / largest["zero0_full"]
+        lines.append(f"ZeRO-3 + NVMe trains {ratio:.1f}x the parameters ZeRO-0 does.")
+    return "\n".join(lines)
+
+
 # --- the page ---------------------------------------------------------------------------------
 
 BLOCKS: dict[str, Callable[[], str]] = {
@@ -372,6 +432,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "packing-cpu": packing_cpu,
     "packing-h100": packing_h100,
     "gpu-check": gpu_check,
+    "model-size": model_size,
     **{name.replace("_", "-"): (lambda n=name: zero3_frozen_base(n)) for name in ZERO3},
 }
 
