@@ -198,15 +198,19 @@ class ResourceManager:
         self.reserve_s = time.perf_counter() - start
         return self
 
-    def _check_available(self) -> None:
-        """Fail before creating anything when the free resources cannot hold the bundles."""
-        free = ray.available_resources()
+    def needed(self) -> dict[str, float]:
+        """The Ray resources the bundles take: the device resource, and CPUs beside GPUs."""
         resource = self.plan.device_resource
         need = {resource: float(self.plan.num_devices)}
         cpu = self.plan.bundle_resources().get("CPU", 0.0) * self.plan.num_devices
         if resource != "CPU" and cpu:
             need["CPU"] = cpu
-        for key, amount in need.items():
+        return need
+
+    def _check_available(self) -> None:
+        """Fail before creating anything when the free resources cannot hold the bundles."""
+        free = ray.available_resources()
+        for key, amount in self.needed().items():
             if free.get(key, 0.0) + 1e-9 < amount:
                 raise PlacementError(
                     f"placement needs {amount:g} {key} for {self.plan.num_devices} device "
@@ -215,6 +219,20 @@ class ResourceManager:
                     f"{ray.cluster_resources().get(key, 0.0):g}); something else holds the rest"
                     + ("; or lower cpus_per_gpu" if key == "CPU" else "")
                 )
+
+    @staticmethod
+    def wait_free(need: dict[str, float], timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until Ray has ``need`` free: after a teardown it returns
+        killed actors' and removed placement groups' resources asynchronously, and a new
+        reservation checked at once finds them still held. Whether they came back."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            free = ray.available_resources()
+            if all(free.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def _wait_ready(self) -> None:
         pending = {pg.ready(): node for node, pg in self.placement_groups.items()}

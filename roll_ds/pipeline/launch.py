@@ -28,7 +28,7 @@ def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
     try:
         while True:
             pipeline = _build(restarts.next_config(checkpoints), restarts)
-            started = False
+            started, held = False, {}
             try:
                 pipeline.start()  # inside the try: a start-up that fails (or a Ctrl-C) tears down
                 started = True
@@ -36,13 +36,29 @@ def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
                 break
             except Exception as exc:
                 restarts.on_failure(exc, started=started)  # raises unless restarting
+                resources = getattr(pipeline, "resources", None)
+                held = resources.needed() if resources is not None else {}
             finally:
                 ray_connection = ray_connection or getattr(pipeline, "ray", None)
                 pipeline.shutdown()
+            _wait_released(held)
     finally:
         stop_local_ray(ray_connection)
     _summarise(rows, pipeline.out_dir, getattr(pipeline, "exported", None))
     return rows
+
+
+RELEASE_TIMEOUT_S = 60.0
+
+
+def _wait_released(held: dict[str, float]) -> None:
+    """Before a restart places the roles again: Ray frees what the teardown held (killed
+    actors, removed placement groups) asynchronously, and a placement checked at once found it
+    still taken (an agentic run's restart failed so). Bounded; the placement then decides."""
+    from roll_ds.distributed.resource_manager import ResourceManager
+
+    if held and not ResourceManager.wait_free(held, RELEASE_TIMEOUT_S):
+        logger.warning("Ray has not freed %s within %g s of the teardown", held, RELEASE_TIMEOUT_S)
 
 
 def _build(cfg: RLVRConfig, restarts):
