@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _dist import run_distributed
+from _pipeline_run import is_volatile
 from _train_helpers import make_strategy, nll_loss, rank_batch
 
 from roll_ds.config.deepspeed import nvme_paths
@@ -93,6 +94,8 @@ def test_zero3_nvme_equals_zero3(tiny_qwen2_dir, tmp_path):
         for step, (a, b) in enumerate(zip(ref, got, strict=True)):
             assert b.keys() == a.keys()
             for name, value in a.items():
+                if is_volatile(name):  # perf/*: FLOPs over wall-clock seconds
+                    continue
                 assert b[name] == pytest.approx(value, rel=RTOL, abs=ATOL), (
                     f"rank {rank} step {step} {name}: NVMe {b[name]} vs ZeRO-3 {value}"
                 )
