@@ -83,21 +83,11 @@ class SavedBytes:
 
 
 def _rank_main(rank: int, size: int, port: int, args: argparse.Namespace, model_dir: str) -> None:
-    import logging
-    import warnings
-
     import torch
 
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    from benchmarks.zero3_frozen_base import setup_rank
+
+    setup_rank(rank, size, port, args.threads)
     import yaml
 
     from roll_ds.config.schema import ModelArgs, TrainingArgs

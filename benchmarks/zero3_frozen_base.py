@@ -181,7 +181,9 @@ def _measure(variant: str, args: argparse.Namespace, model_dir: str, hidden: int
     }
 
 
-def _rank_main(rank: int, world_size: int, port: int, args: argparse.Namespace, model: tuple):
+def setup_rank(rank: int, world_size: int, port: int, threads: int) -> None:
+    """A spawned rank's process: torch.distributed's env (one host), its threads, quiet logs
+    (shared with benchmarks/sequence_parallel.py)."""
     import logging
     import warnings
 
@@ -194,9 +196,13 @@ def _rank_main(rank: int, world_size: int, port: int, args: argparse.Namespace, 
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     warnings.filterwarnings("ignore")
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+
+
+def _rank_main(rank: int, world_size: int, port: int, args: argparse.Namespace, model: tuple):
+    setup_rank(rank, world_size, port, args.threads)
     model_dir, hidden = model
     results = [
         {"round": r, **_measure(v, args, model_dir, hidden)}
