@@ -63,14 +63,19 @@ def sweep_shm(ledger: ShmLedger) -> dict[str, int]:
             removed.update(_on_node(node, unlink_recorded, ledger.files.pop(node)))
         except Exception as exc:
             logger.warning("could not sweep /dev/shm on node %s: %s", node, exc)
+    _log_removed(removed, "the run's workers")
+    return removed
+
+
+def _log_removed(removed: dict[str, int], who: str) -> None:
     if removed:
         logger.warning(
-            "removed %d /dev/shm file(s) (%.1f MB) the run's workers left: %s",
+            "removed %d /dev/shm file(s) (%.1f MB) %s left: %s",
             len(removed),
             sum(removed.values()) / 1e6,
+            who,
             ", ".join(sorted(removed)),
         )
-    return removed
 
 
 def sweep_rank_shm(
@@ -92,13 +97,7 @@ def sweep_rank_shm(
         logger.warning("could not sweep /dev/shm of a dead worker on node %s: %s", node, exc)
         return {}
     ledger.files[node] = {n: i for n, i in recorded.items() if n not in orphans}
-    if removed:
-        logger.warning(
-            "removed %d /dev/shm file(s) (%.1f MB) a dead worker left: %s",
-            len(removed),
-            sum(removed.values()) / 1e6,
-            ", ".join(sorted(removed)),
-        )
+    _log_removed(removed, "a dead worker")
     return removed
 
 
