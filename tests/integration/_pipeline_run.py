@@ -101,6 +101,15 @@ def stable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not is_volatile(k)}
 
 
+def wait_for_checkpoint(proc: subprocess.Popen, latest: Path, timeout: float) -> None:
+    """Until the run ``proc`` marks its first checkpoint complete (``latest``)."""
+    deadline = time.monotonic() + timeout
+    while not latest.exists():
+        assert proc.poll() is None, "run ended before writing a checkpoint"
+        assert time.monotonic() < deadline, f"no checkpoint within {timeout:g} s"
+        time.sleep(0.2)
+
+
 def sigkill_after_first_checkpoint(
     out_dir: Path, *extra: str, timeout: float = 600, config: str = "rlvr_lora_zero3"
 ) -> str:
@@ -114,12 +123,8 @@ def sigkill_after_first_checkpoint(
         start_new_session=True,
     )
     latest = out_dir / config / "checkpoints" / "latest"
-    deadline = time.monotonic() + timeout
     try:
-        while not latest.exists():
-            assert proc.poll() is None, "run ended before writing a checkpoint"
-            assert time.monotonic() < deadline, f"no checkpoint within {timeout:g} s"
-            time.sleep(0.2)
+        wait_for_checkpoint(proc, latest, timeout)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -151,10 +156,7 @@ def sigkill_worker_after_first_checkpoint(
     latest = out_dir / config / "checkpoints" / "latest"
     deadline = time.monotonic() + timeout
     try:
-        while not latest.exists():
-            assert proc.poll() is None, "run ended before writing a checkpoint"
-            assert time.monotonic() < deadline, f"no checkpoint within {timeout:g} s"
-            time.sleep(0.2)
+        wait_for_checkpoint(proc, latest, timeout)
         import psutil
 
         ranks = [
