@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.strategies import STRATEGY_SPECS
 from roll_ds.distributed.batch import Batch
+from roll_ds.pipeline.model_roles import ModelRole
 
 AUTO_REUSE_PARITY = 1e-4  # algorithm.old_logprobs=auto: the parity gap that proves reuse safe
 
@@ -61,19 +61,17 @@ class OldLogprobs:
         )
 
 
-def reference_logprobs(clusters: Mapping[str, Any], inputs: Batch) -> Batch:
+def reference_logprobs(roles: Mapping[str, ModelRole], inputs: Batch) -> Batch:
     """``ref_logprobs`` from the reference role, or (LoRA, no reference role) from the actor
     with its adapter disabled."""
-    if "reference" in clusters:
-        return clusters["reference"].compute_logprobs(inputs, key="ref_logprobs")
-    return clusters["actor_train"].compute_logprobs(
-        inputs, key="ref_logprobs", disable_adapter=True
-    )
+    if "reference" in roles:
+        return roles["reference"].compute_logprobs(inputs, key="ref_logprobs")
+    return roles["actor_train"].compute_logprobs(inputs, key="ref_logprobs", disable_adapter=True)
 
 
 def fill_logprobs(
     batch: Batch,
-    clusters: Mapping[str, Any],
+    roles: Mapping[str, ModelRole],
     *,
     reuse: bool,
     use_critic: bool,
@@ -82,16 +80,16 @@ def fill_logprobs(
 ) -> dict[str, float]:
     """Add ``old_logprobs`` (the rollout's where ``reuse``; none yet where ``in_train_step``:
     the train step fills them), ``ref_logprobs`` (``kl_coef`` > 0) and the critic's ``values``
-    to ``batch``; the critic computes beside the actor."""
+    to ``batch``; the critic computes beside the actor. ``roles``: ``model_roles.py``."""
     inputs = batch.select("input_ids", "attention_mask", meta=False)
-    values = clusters["critic"].submit("compute_values", inputs) if use_critic else None
+    values = roles["critic"].compute_values(inputs) if use_critic else None
     if reuse:
         batch.tensors["old_logprobs"] = batch["rollout_logprobs"].clone()
     elif not in_train_step:
-        old = clusters["actor_train"].compute_logprobs(inputs, key="old_logprobs")
+        old = roles["actor_train"].compute_logprobs(inputs, key="old_logprobs")
         batch.tensors.update(old.tensors)
     if kl_coef > 0:
-        batch.tensors.update(reference_logprobs(clusters, inputs).tensors)
+        batch.tensors.update(reference_logprobs(roles, inputs).tensors)
     if values is not None:
         batch.tensors.update(values.get().tensors)
     return {

@@ -25,7 +25,7 @@ import torch
 
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.batch import Batch
-from roll_ds.pipeline.workers import TRAIN_METRICS
+from roll_ds.pipeline.model_roles import TrainingRole
 
 SUMMED = ("optimizer_steps",)  # counted over passes; every other metric is averaged
 # the LR, the fp16 loss scale and the run's skipped-step count after the last pass
@@ -91,7 +91,7 @@ def merge_pass_metrics(per_pass: Sequence[Mapping[str, float]]) -> dict[str, flo
 
 
 def train_passes(
-    clusters: Mapping[str, Any],
+    trainers: Mapping[str, TrainingRole],
     batch: Batch,
     jobs: Mapping[str, tuple[Sequence[str], Any]],
     *,
@@ -120,30 +120,27 @@ def train_passes(
     for order in pass_orders(len(batch), ppo_epochs, seed):
         orders = {
             name: balance_ranks(
-                order, tokens, world_size=clusters[name].world_size, rows_per_step=balance[name]
+                order, tokens, world_size=trainers[name].world_size, rows_per_step=balance[name]
             )
             if name in balance
             else order
             for name in jobs
         }
         calls = {
-            name: clusters[name].submit(
-                "train_step_with_old_logprobs"
-                if fill_old_logprobs and name == "actor_train"
-                else "train_step",
+            name: trainers[name].train_step(
                 parts[name].index(orders[name]),
                 loss_fn,
+                fill_old_logprobs=fill_old_logprobs and name == "actor_train",
             )
             for name, (_, loss_fn) in jobs.items()
         }
         for name, call in calls.items():
             result = call.get()
-            if isinstance(result, Batch):  # train_step_with_old_logprobs: rows in pass order
-                old = torch.empty_like(result["old_logprobs"])
-                old[torch.as_tensor(orders[name])] = result["old_logprobs"]
+            if result.old_logprobs is not None:  # rows in the order this pass sent them
+                old = torch.empty_like(result.old_logprobs)
+                old[torch.as_tensor(orders[name])] = result.old_logprobs
                 batch.tensors["old_logprobs"] = old
-                result = [v for k, v in result.meta.items() if k.startswith(TRAIN_METRICS)]
-            per_pass[name].append(_mean_dicts(result))
+            per_pass[name].append(_mean_dicts(result.rank_metrics))
     metrics = merge_pass_metrics(per_pass["actor_train"])
     if "critic" in jobs:
         critic = merge_pass_metrics(per_pass["critic"])

@@ -39,6 +39,7 @@ from roll_ds.pipeline.evaluation import evaluate_policy
 from roll_ds.pipeline.faults import call_bounds, watch_stateless
 from roll_ds.pipeline.logprobs import OldLogprobs, fill_logprobs
 from roll_ds.pipeline.loss_fns import CRITIC_KEYS, TRAIN_KEYS, PolicyLoss, ValueLoss
+from roll_ds.pipeline.model_roles import ModelRole, role_handles
 from roll_ds.pipeline.passes import train_passes
 from roll_ds.pipeline.policy_sync import PolicySync
 from roll_ds.pipeline.reporting import (
@@ -104,6 +105,7 @@ class RLVRPipeline:
         self.exported: Path | None = None  # the latest Hugging Face export
         self.resumed = False  # run() loaded a checkpoint (resume_from_checkpoint)
         self.clusters: dict[str, Any] = {}
+        self.roles: dict[str, ModelRole] = {}  # typed handles of the model roles' clusters
         # The trainer's weight version: the number of train steps taken (the engines' is
         # policy_sync.rollout_version).
         self.policy_version = 0
@@ -136,6 +138,7 @@ class RLVRPipeline:
         # recorded even if the worker dies later (distributed/shm.py: the sweep at shutdown).
         for cluster in self.clusters.values():
             cluster.record_shm()
+        self.roles = role_handles(self.clusters)
         if cfg.train_env_manager.tags or cfg.val_env_manager.tags:
             from roll_ds.agentic.env_pool import RayEnvPool
 
@@ -180,7 +183,7 @@ class RLVRPipeline:
             self.env_pool.shutdown()
             self.env_pool = None
         shutdown_clusters(list(self.clusters.values()))
-        self.clusters = {}
+        self.clusters, self.roles = {}, {}
         resources = getattr(self, "resources", None)
         if resources is not None:
             resources.release()
@@ -284,7 +287,7 @@ class RLVRPipeline:
         old = self.old_logprobs
         return fill_logprobs(
             batch,
-            self.clusters,
+            self.roles,
             reuse=old.reuse(staleness=staleness, last_parity=self.policy_sync.last_parity),
             use_critic=self.use_critic,
             kl_coef=self.cfg.algorithm.kl_coef,
@@ -321,7 +324,7 @@ class RLVRPipeline:
         }
         fill_old = "old_logprobs" not in batch  # the log-prob phase left them to this step
         metrics = train_passes(
-            self.clusters,
+            self.roles,
             batch,
             jobs,
             ppo_epochs=self.cfg.algorithm.ppo_epochs,
@@ -353,7 +356,7 @@ class RLVRPipeline:
             step,
             cfg=cfg,
             checkpoints=self.checkpoints,
-            clusters=self.clusters,
+            trainers=self.roles,
             roles=self._trained_roles,
             sampler=self.tasks.sampler,
             queue=self.queue,
@@ -389,7 +392,7 @@ class RLVRPipeline:
         step = resume_run(
             which,
             checkpoints=self.checkpoints,
-            clusters=self.clusters,
+            trainers=self.roles,
             roles=self._trained_roles,
             sampler=self.tasks.sampler,
             queue=self.queue,

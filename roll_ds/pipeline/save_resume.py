@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from roll_ds.checkpoint import (
     CheckpointManager,
@@ -30,6 +29,7 @@ from roll_ds.config.role_placement import placement
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.sampler import PromptSampler
 from roll_ds.export import ExportInfo
+from roll_ds.pipeline.model_roles import TrainingRole
 from roll_ds.pipeline.rollout_queue import RolloutQueue
 from roll_ds.tracking import ROLLOUTS_FILE, truncate_jsonl_after
 
@@ -43,7 +43,7 @@ def save_run_checkpoint(
     *,
     cfg: RLVRConfig,
     checkpoints: CheckpointManager,
-    clusters: Mapping[str, Any],
+    trainers: Mapping[str, TrainingRole],
     roles: Sequence[str],
     sampler: PromptSampler | None,
     queue: RolloutQueue | None,
@@ -51,7 +51,7 @@ def save_run_checkpoint(
 ) -> Path:
     """Save checkpoint ``step`` of the trained ``roles``; returns its committed directory."""
     partial = checkpoints.begin(step)
-    saves = [clusters[n].submit("save_checkpoint", str(partial / n), ENGINE_TAG) for n in roles]
+    saves = [trainers[n].save_checkpoint(str(partial / n), ENGINE_TAG) for n in roles]
     for call in saves:
         call.get()
     if queue is not None:  # the batches generated ahead train after a resume too
@@ -71,7 +71,7 @@ def resume_run(
     which: str,
     *,
     checkpoints: CheckpointManager,
-    clusters: Mapping[str, Any],
+    trainers: Mapping[str, TrainingRole],
     roles: Sequence[str],
     sampler: PromptSampler | None,
     queue: RolloutQueue | None,
@@ -81,7 +81,7 @@ def resume_run(
     trained ``roles``, the sampler, the queue and the RNG; returns its step."""
     path = checkpoints.resolve(which)
     state = checkpoints.load_state(path)
-    loads = [clusters[n].submit("load_checkpoint", str(path / n), ENGINE_TAG) for n in roles]
+    loads = [trainers[n].load_checkpoint(str(path / n), ENGINE_TAG) for n in roles]
     for call in loads:
         call.get()
     if sampler is not None:  # environments draw their seeds from (seed, step): no state

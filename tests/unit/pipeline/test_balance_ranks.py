@@ -59,6 +59,7 @@ def test_train_passes_deals_a_budgeted_roles_rows_by_tokens():
     import torch
 
     from roll_ds.distributed.batch import Batch
+    from roll_ds.pipeline.model_roles import TrainingRole
     from roll_ds.pipeline.passes import train_passes
 
     lengths = [8, 8, 8, 8, 1, 1, 1, 1]  # rollout order: the long rows all on rank 0
@@ -69,7 +70,8 @@ def test_train_passes_deals_a_budgeted_roles_rows_by_tokens():
         "actor_train": (("input_ids", "attention_mask"), None),
         "critic": (("input_ids",), None),
     }
-    train_passes(clusters, batch, jobs, ppo_epochs=1, seed=0, balance={"actor_train": 4})
+    roles = {name: TrainingRole(cluster) for name, cluster in clusters.items()}
+    train_passes(roles, batch, jobs, ppo_epochs=1, seed=0, balance={"actor_train": 4})
     [actor], [critic] = clusters["actor_train"].orders, clusters["critic"].orders
     assert critic == list(range(8))  # no budget: rollout order
     assert sorted(actor) == list(range(8))

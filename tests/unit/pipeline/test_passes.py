@@ -79,7 +79,10 @@ def test_pipeline_train_makes_ppo_epochs_passes_for_actor_and_critic(monkeypatch
     monkeypatch.chdir(PROJECT_ROOT)
     cfg = load_config("rlvr_ppo_gae_zero3", ["algorithm.ppo_epochs=3"])
     pipeline = RLVRPipeline(cfg)
+    from roll_ds.pipeline.model_roles import role_handles
+
     pipeline.clusters = {"actor_train": FakeCluster(), "critic": FakeCluster()}
+    pipeline.roles = role_handles(pipeline.clusters)
     rows = 8
     columns = ("attention_mask", "response_mask", "old_logprobs", "advantages", "values")
     batch = Batch(

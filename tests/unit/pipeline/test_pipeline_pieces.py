@@ -4,6 +4,7 @@ import torch
 from roll_ds.config.schema import AlgorithmConfig
 from roll_ds.distributed.batch import Batch
 from roll_ds.pipeline.loss_fns import PolicyLoss
+from roll_ds.pipeline.model_roles import TrainingRole
 from roll_ds.pipeline.sequences import pack_sequences, scatter_response_values
 
 
@@ -269,12 +270,10 @@ class _Actor:
     def __init__(self):
         self.calls = []
 
-    def compute_logprobs(self, inputs, key):
-        self.calls.append("compute_logprobs")
-        return Batch({key: torch.zeros(len(inputs), 3)})
-
-    def submit(self, method, batch, loss_fn):
+    def submit(self, method, batch, *args, **kwargs):
         self.calls.append(method)
+        if method == "compute_logprobs":
+            return _Pending(Batch({kwargs["key"]: torch.zeros(len(batch), 3)}))
         if method == "train_step":
             return _Pending([{"loss": 1.0}, {"loss": 3.0}])
         half = len(batch) // 2  # each rank's rows, its metrics under its own meta key
@@ -295,9 +294,10 @@ def test_the_train_step_fills_old_logprobs_in_row_order_with_both_ranks_metrics(
     ids = torch.arange(16).reshape(4, 4)
     batch = Batch({"input_ids": ids, "attention_mask": torch.ones(4, 4, dtype=torch.long)})
     actor = _Actor()
+    roles = {"actor_train": TrainingRole(actor)}
     stats = fill_logprobs(
         batch,
-        {"actor_train": actor},
+        roles,
         reuse=False,
         use_critic=False,
         kl_coef=0.0,
@@ -306,16 +306,12 @@ def test_the_train_step_fills_old_logprobs_in_row_order_with_both_ranks_metrics(
     assert "old_logprobs" not in batch and actor.calls == []  # no separate pass
     assert stats == {"actor/old_logprobs_recomputed": 1.0, "actor/old_logprobs_in_train_step": 1.0}
     jobs = {"actor_train": (("input_ids", "attention_mask"), None)}
-    metrics = train_passes(
-        {"actor_train": actor}, batch, jobs, ppo_epochs=1, seed=0, fill_old_logprobs=True
-    )
+    metrics = train_passes(roles, batch, jobs, ppo_epochs=1, seed=0, fill_old_logprobs=True)
     assert actor.calls == ["train_step_with_old_logprobs"]
     assert torch.equal(batch["old_logprobs"], ids[:, 1:].float())
     assert metrics["loss"] == 2.0  # the mean over both ranks
     with pytest.raises(ValueError, match="in a single pass"):
-        train_passes(
-            {"actor_train": actor}, batch, jobs, ppo_epochs=2, seed=0, fill_old_logprobs=True
-        )
+        train_passes(roles, batch, jobs, ppo_epochs=2, seed=0, fill_old_logprobs=True)
 
 
 def test_old_logprobs_of_rows_dealt_to_ranks_by_tokens_come_back_in_row_order():
@@ -331,7 +327,7 @@ def test_old_logprobs_of_rows_dealt_to_ranks_by_tokens_come_back_in_row_order():
     actor = _Actor()
     jobs = {"actor_train": (("input_ids", "attention_mask"), None)}
     train_passes(
-        {"actor_train": actor},
+        {"actor_train": TrainingRole(actor)},
         batch,
         jobs,
         ppo_epochs=1,
