@@ -38,6 +38,8 @@ from roll_ds.distributed.shm import ShmLedger
 from roll_ds.distributed.teardown import (
     CLOSE_TIMEOUT_S,
     close_clusters,
+    end_children,
+    record_children,
     record_shm,
     sweep_rank_shm,
     sweep_shm,
@@ -77,6 +79,7 @@ class Cluster:
         self.infos: list[dict[str, Any]] = []
         self.actors: list[ActorHandle] = []
         self.shm = ShmLedger()  # the /dev/shm files the ranks held (record_shm, shutdown)
+        self.children: dict[int, dict[int, int]] = {}  # rank -> its child processes (record_shm)
         self._in_flight: list[tuple[int, ray.ObjectRef]] = []  # (rank, call) not yet seen done
         # How often each rank was replaced: a call sent before a replacement finds its rank's
         # number changed, so callers in several threads replace a dead rank once (recovery.py).
@@ -178,8 +181,10 @@ class Cluster:
         info = self.infos[rank] if rank < len(self.infos) else {}
         with contextlib.suppress(Exception):  # already dead: nothing to kill
             ray.kill(self.actors[rank], no_restart=True)
-        # its bundle is free only once the process is gone; its files are then unused
+        # its bundle is free only once the process is gone; its files are then unused, once
+        # the processes it started (vLLM's engine core) are ended too
         wait_gone(info)
+        end_children(info, self.children.pop(rank, {}))
         sweep_rank_shm(self.shm, [i for r, i in enumerate(self.infos) if r != rank], info)
         self._in_flight = [(r, ref) for r, ref in self._in_flight if r != rank]
         actor_cls, rank_env, runtime_env, init_args, init_kwargs = self._start
@@ -320,8 +325,10 @@ class Cluster:
     def record_shm(self) -> None:
         """Remember the ``/dev/shm`` files the ranks (and their child processes) hold now, so
         ``shutdown`` can remove them even if a rank dies first (``roll_ds/distributed/shm.py``).
-        Call it once the ranks have built what they hold (after ``initialize``)."""
+        Call it once the ranks have built what they hold (after ``initialize``). The ranks'
+        child processes are recorded too (``replace_rank`` ends a dead rank's)."""
         record_shm(self.shm, [self])
+        record_children(self)
 
     def shutdown(self, close_timeout_s: float = CLOSE_TIMEOUT_S) -> dict[str, int]:
         """End the role without leaving anything behind (placement groups stay with the
