@@ -13,6 +13,10 @@ Two ways to run a call:
   engine's request stream and returns; ``collect_stream`` waits for them in the worker's
   ``stream_wait`` concurrency group, so a weight sync's pause, reload and resume run meanwhile
   and the requests go on with the new weights between two decode steps.
+
+An engine that dies is replaced inside the call (``fault_tolerance``, ``pipeline/faults.py``):
+its share of a batch call is sent again; a streamed batch's share is submitted again to the
+new engine first (the requests lived in the dead one's process).
 """
 
 from __future__ import annotations
@@ -95,10 +99,9 @@ class RolloutEngines:
 
     def _stream(self, batch: Batch, submit: dict[str, Any]) -> Any:
         """Submit ``batch`` to the engines' request streams (``submit``: the tag, seed and
-        sampling); the call that collects it. An
-        engine replaced meanwhile (dead: ``fault_tolerance``) lost its requests with its
-        process: its share of ``batch`` is submitted to the new one before the collect is
-        sent to it again."""
+        sampling); returns the call that collects it. An engine replaced meanwhile (dead:
+        ``fault_tolerance``) lost its requests with its process: its share of ``batch`` is
+        submitted to the new one before the collect is sent to it again."""
         self.cluster.call("submit_stream", batch, **submit)
 
         def submit_again(rank: int) -> None:

@@ -146,10 +146,11 @@ class PolicySync:
             from roll_ds.weight_sync.base import WeightSyncError
 
             raise WeightSyncError(
-                f"{cluster.name} rank(s) {ranks} died and would be replaced, but weight_sync "
-                f"transport {self.transport.name} seated the old ones in its group; only "
-                "object_store reaches a new engine. Set weight_sync.transport=object_store, or "
-                "fault_tolerance.max_restarts=0 to stop at a dead engine"
+                f"{cluster.name} rank(s) {ranks} died, and weight_sync transport "
+                f"{self.transport.name} cannot reach a replacement (it seated the old ones in "
+                "its group; only object_store reaches a new engine). Set "
+                "weight_sync.transport=object_store, or fault_tolerance.max_restarts=0 to stop "
+                "at a dead engine"
             )
 
     def restore_engines(self, cluster: Any, ranks: list[int], version: int | None = None) -> None:
