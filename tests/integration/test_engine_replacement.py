@@ -1,10 +1,11 @@
-"""A rollout engine that dies under ``async_generation.mode: stream``, on real Ray actors: the
-calls come from rollout threads, the restore (the weights) runs on the main thread while it
-waits for them, and the requests the dead engine held are submitted to its replacement.
+"""A rollout engine that dies under ``async_generation`` (stream and batch), on real Ray
+actors: the calls come from rollout threads, the restore (the weights) runs on the main thread
+while it waits for them, and the work the dead engine held goes to its replacement.
 
-The engine is a stand-in for vLLM's request stream (``submit_stream`` keeps the requests,
+The engine is a stand-in for vLLM (``generate`` blocks; ``submit_stream`` keeps the requests,
 ``collect_stream`` answers them in its own concurrency group); the cluster, its recovery, the
-threads' calls (``RolloutEngines``) and the restore broker are the pipeline's. ~15 s.
+threads' calls (``RolloutEngines``) and the restore broker are the pipeline's. ~10 s a test
+after Ray's start.
 """
 
 from __future__ import annotations
@@ -72,9 +73,23 @@ class StreamEngine(Worker):
             while len(self.batches) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)  # the other thread's batch too
             time.sleep(0.5)  # and its collect call
-            open(self.marker, "w").close()
-            os.kill(os.getpid(), signal.SIGKILL)
-        rows = self.batches.pop(tag)
+            self._die()
+        return self._answer(self.batches.pop(tag))
+
+    @register(Dispatch.DP)
+    def generate(self, batch: Batch, *, seed: int, n: int, **sampling) -> Batch:
+        """mode batch: one blocking call; rank 1 dies in its first one, with the other
+        thread's call queued behind it (the default group runs one call at a time)."""
+        if self.rank == 1 and not os.path.exists(self.marker):
+            time.sleep(1.0)
+            self._die()
+        return self._answer([int(r) for r in batch["row"]])
+
+    def _die(self) -> None:
+        open(self.marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _answer(self, rows: list[int]) -> Batch:
         return Batch(
             non_tensors={
                 "row": rows,
@@ -103,11 +118,14 @@ def rm():
         os.environ["RAY_ADDRESS"] = saved
 
 
-def test_a_stream_engine_killed_under_two_rollout_threads_is_replaced_once(rm, tmp_path):
-    """Two rollout threads stream a batch each through both engines; rank 1 dies holding
-    both. It is replaced once (one restart, one restore, on the main thread while it waits for
-    the threads, with the weights every engine then serves), both its shares are submitted to
-    the new engine, and every request is answered once, with the restored weights."""
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "batch"])
+def test_an_engine_killed_under_two_rollout_threads_is_replaced_once(rm, tmp_path, stream):
+    """Two rollout threads send a batch each through both engines; rank 1 dies holding both
+    (stream: both batches in its request stream; batch: one call running, one queued). It is
+    replaced once (one restart, one restore, on the main thread while it waits for the
+    threads, with the weights every engine then serves), both its shares are sent to the new
+    engine (stream: submitted again first), and every request is answered once, with the
+    restored weights."""
     cluster = Cluster("actor_infer", StreamEngine, rm, init_args=(str(tmp_path / "died"),))
     restores: list[tuple[str, list[int]]] = []
 
@@ -131,7 +149,7 @@ def test_a_stream_engine_killed_under_two_rollout_threads_is_replaced_once(rm, t
                 TurnRequest(context=[1, 2], n=1, seed=0, index=first_row + i, max_new_tokens=2)
                 for i in range(4)
             ]
-            samples, _ = engines.generate(requests, {"temperature": 1.0}, stream=True)
+            samples, _ = engines.generate(requests, {"temperature": 1.0}, stream=stream)
             return samples, {}
 
         started = time.perf_counter()
@@ -142,7 +160,7 @@ def test_a_stream_engine_killed_under_two_rollout_threads_is_replaced_once(rm, t
         broker.close()
         threads.shutdown(wait=False, cancel_futures=True)
         cluster.shutdown()
-    print(f"\nreplaced a dead stream engine and redid both threads' requests in {took:.2f} s")
+    print(f"\nreplaced a dead engine and redid both threads' requests in {took:.2f} s")
     assert restores == [(threading.main_thread().name, [1])]  # once, on the main thread
     assert recovery.restarts == {"actor_infer": 1}
     assert cluster.incarnations == [0, 1] and cluster.infos[1]["pid"] != pid
