@@ -237,7 +237,10 @@ def test_a_rollout_engine_killed_under_stream_is_replaced_and_its_requests_redon
     assert result.returncode == 0, result.stderr[-4000:]
     assert "RolloutWorker" in killed
     assert not left, left.describe()
-    assert "replacing in place" in result.stdout + result.stderr  # Hydra logs to stdout
+    logs = result.stdout + result.stderr  # Hydra logs to stdout
+    assert "replacing in place" in logs
+    # the engine core outlived the SIGKILLed actor (its child): the replacement ended it
+    assert "process(es) a dead worker left" in logs, logs[-4000:]
     rows = {r["step"]: r for r in metrics(tmp_path)}
     assert sorted(rows) == [0, 1, 2, 3, 4]
     assert rows[4]["faults/actor_infer/restarts"] == 1.0
