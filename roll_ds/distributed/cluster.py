@@ -23,7 +23,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -38,6 +38,8 @@ from roll_ds.distributed.shm import ShmLedger
 from roll_ds.distributed.teardown import (
     CLOSE_TIMEOUT_S,
     close_clusters,
+    end_children,
+    record_children,
     record_shm,
     sweep_rank_shm,
     sweep_shm,
@@ -77,7 +79,11 @@ class Cluster:
         self.infos: list[dict[str, Any]] = []
         self.actors: list[ActorHandle] = []
         self.shm = ShmLedger()  # the /dev/shm files the ranks held (record_shm, shutdown)
+        self.children: dict[int, dict[int, int]] = {}  # rank -> its child processes (record_shm)
         self._in_flight: list[tuple[int, ray.ObjectRef]] = []  # (rank, call) not yet seen done
+        # How often each rank was replaced: a call sent before a replacement finds its rank's
+        # number changed, so callers in several threads replace a dead rank once (recovery.py).
+        self.incarnations = [0] * len(self.placements)
         device_resource = resource_manager.plan.device_resource if resource_manager else None
 
         start = time.perf_counter()
@@ -175,8 +181,10 @@ class Cluster:
         info = self.infos[rank] if rank < len(self.infos) else {}
         with contextlib.suppress(Exception):  # already dead: nothing to kill
             ray.kill(self.actors[rank], no_restart=True)
-        # its bundle is free only once the process is gone; its files are then unused
+        # its bundle is free only once the process is gone; its files are then unused, once
+        # the processes it started (vLLM's engine core) are ended too
         wait_gone(info)
+        end_children(info, self.children.pop(rank, {}))
         sweep_rank_shm(self.shm, [i for r, i in enumerate(self.infos) if r != rank], info)
         self._in_flight = [(r, ref) for r, ref in self._in_flight if r != rank]
         actor_cls, rank_env, runtime_env, init_args, init_kwargs = self._start
@@ -189,6 +197,7 @@ class Cluster:
             init_kwargs,
             self._actor_options,
         )
+        self.incarnations[rank] += 1
         ref = self.actors[rank]._roll_info.remote()
         self.infos[rank] = self._gather("__init__", [rank], [ref], self.start_timeout_s)[0]
 
@@ -232,14 +241,30 @@ class Cluster:
         """Call ``method`` on the ranks its dispatch mode names and combine the results."""
         return self.submit(method, *args, **kwargs).get(_timeout_s)
 
-    def submit(self, method: str, /, *args: Any, **kwargs: Any) -> PendingCall:
-        """Start a call without waiting (to overlap roles); ``.get()`` it later."""
+    def submit(
+        self,
+        method: str,
+        /,
+        *args: Any,
+        _ranks: Sequence[int] | None = None,
+        _before_resend: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> PendingCall:
+        """Start a call without waiting (to overlap roles); ``.get()`` it later. ``_ranks``:
+        send only these ranks their share (as the whole call would split it: a replaced rank's
+        work sent again). ``_before_resend``: what a replaced rank needs before it gets its
+        share of this call again (``PendingCall``)."""
         spec = dispatch_spec(self.worker_cls, method)
         calls = split_call(spec, self.world_size, args, kwargs)
+        if _ranks is not None:
+            calls = [c for c in calls if c[0] in _ranks]
+        incarnations = list(self.incarnations)  # before sending: what the call went to
         refs = [getattr(self.actors[r], method).remote(*a, **kw) for r, a, kw in calls]
         ranks = [r for r, _, _ in calls]
         self._in_flight = [*self._unfinished(), *zip(ranks, refs, strict=True)]
-        return PendingCall(self, method, spec, calls, refs)
+        call = PendingCall(self, method, spec, calls, refs, before_resend=_before_resend)
+        call.incarnations = {r: incarnations[r] for r in ranks}
+        return call
 
     def _resend(self, method: str, call: tuple[int, tuple, dict[str, Any]]) -> ray.ObjectRef:
         """A rank's share of a call sent again (to the actor now in its place)."""
@@ -300,8 +325,10 @@ class Cluster:
     def record_shm(self) -> None:
         """Remember the ``/dev/shm`` files the ranks (and their child processes) hold now, so
         ``shutdown`` can remove them even if a rank dies first (``roll_ds/distributed/shm.py``).
-        Call it once the ranks have built what they hold (after ``initialize``)."""
+        Call it once the ranks have built what they hold (after ``initialize``). The ranks'
+        child processes are recorded too (``replace_rank`` ends a dead rank's)."""
         record_shm(self.shm, [self])
+        record_children(self)
 
     def shutdown(self, close_timeout_s: float = CLOSE_TIMEOUT_S) -> dict[str, int]:
         """End the role without leaving anything behind (placement groups stay with the
@@ -343,11 +370,18 @@ class PendingCall:
         spec: DispatchSpec,
         calls: list[tuple[int, tuple, dict[str, Any]]],
         refs: list,
+        *,
+        before_resend: Callable[[int], None] | None = None,
     ) -> None:
         self.cluster, self.method, self.spec, self.refs = cluster, method, spec, refs
         self.calls = calls  # (rank, args, kwargs): what a replaced rank is sent again
         self.ranks = [r for r, _, _ in calls]
         self.sent = time.monotonic()
+        # what a replaced rank needs before its share is sent again (a streamed call: its
+        # requests, which lived in the dead engine)
+        self.before_resend = before_resend
+        # rank -> the cluster's incarnation of it when the call was sent (None: unknown)
+        self.incarnations: dict[int, int] | None = None
 
     def get(self, timeout_s: float | None = None, *, recover: bool = True) -> Any:
         """The combined results. With the cluster's ``recovery`` (and ``recover``), a rank
@@ -363,7 +397,12 @@ class PendingCall:
                 except (WorkerError, WorkerTimeoutError) as exc:
                     if recovery is None or not recovery.handles(self.cluster, exc):
                         raise
-                    for rank in recovery.replace(self.cluster, exc, self.sent):
+                    replaced = recovery.replace(self.cluster, exc, self.sent, self.incarnations)
+                    for rank in replaced:
+                        if self.incarnations is not None:  # a second death is a new one
+                            self.incarnations[rank] = self.cluster.incarnations[rank]
+                        if self.before_resend is not None:
+                            self.before_resend(rank)
                         for i, call in enumerate(self.calls):
                             if call[0] == rank:
                                 self.refs[i] = self.cluster._resend(self.method, call)

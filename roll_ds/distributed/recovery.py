@@ -13,16 +13,27 @@ a ``WorkerError`` whose cause is Ray's actor death (killed, crashed, OOM, its no
 the method raised is not: the new rank would raise it again, so it stops the run as before.
 
 A role's replacements over the run are bounded by ``fault_tolerance.max_restarts``; past it the
-original error stops the run, with a note naming the field. Metrics (``pop_metrics``):
+original error stops the run, with a note naming the field.
+
+Threads: calls of one cluster may come from several threads at once (the rollout threads of
+``async_generation``). One replacement runs at a time (a lock), and a rank is replaced once per
+death: a call sent before another thread replaced its rank (``Cluster.incarnations`` moved on)
+is only sent again. A ``restore`` may have to run on the main thread (the engines' weights come
+from the trainer, which only it calls): a thread then waits for it, and the main thread, if it
+waits for the lock meanwhile, runs ``idle`` (which serves that restore; ``pipeline/faults.py``).
+
+Metrics (``pop_metrics``):
 ``faults/<role>/restarts`` (over the run so far, from the first replacement on) and
 ``faults/<role>/lost_s`` (this step's seconds from the failed call's start to its re-send).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +81,9 @@ class Recovery:
         self.restarts: dict[str, int] = {}
         self._lost_s: dict[str, float] = {}
         self._restore: dict[str, Restore | None] = {}
+        self._lock = threading.RLock()  # held across a replacement and what must follow it
+        # what the main thread does while it waits for another thread's replacement (module doc)
+        self.idle: Callable[[], None] | None = None
 
     def watch(self, cluster: Any, restore: Restore | None = None) -> None:
         """Recover ``cluster``'s dead ranks from now on (``restore``: module doc)."""
@@ -82,12 +96,55 @@ class Recovery:
         return cluster.name in self._restore and is_dead(exc)
 
     def replace(
-        self, cluster: Any, exc: WorkerError | WorkerTimeoutError, since: float
+        self,
+        cluster: Any,
+        exc: WorkerError | WorkerTimeoutError,
+        since: float,
+        sent_to: Mapping[int, int] | None = None,
+        *,
+        restore: bool = True,
     ) -> list[int]:
-        """Replace the ranks ``exc`` names (new actors on their bundles, initialized and
-        restored); returns them. Past the role's budget re-raises ``exc`` with a note.
-        ``since``: when the failed call was sent (``time.monotonic``), for ``lost_s``."""
-        role, ranks = cluster.name, failed_ranks(exc)
+        """Replace the ranks ``exc`` names (new actors on their bundles, initialized and, with
+        ``restore``, restored); returns them, to be sent their share again. Past the role's
+        budget re-raises ``exc`` with a note. ``since``: when the failed call was sent
+        (``time.monotonic``), for ``lost_s``. ``sent_to``: rank -> its incarnation when the
+        call was sent; a rank replaced since (by another thread) is returned as it is."""
+        self._acquire()
+        try:
+            return self._replace(cluster, exc, since, sent_to or {}, restore)
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """No other thread replaces a rank or sends a replaced rank its work meanwhile (a
+        weight sync redone into a new engine, ``PolicySync``)."""
+        self._acquire()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _acquire(self) -> None:
+        if self.idle is None:
+            self._lock.acquire()
+            return
+        while not self._lock.acquire(timeout=0.05):
+            self.idle()  # the holder may be waiting for this thread (module doc)
+
+    def _replace(
+        self,
+        cluster: Any,
+        exc: WorkerError | WorkerTimeoutError,
+        since: float,
+        sent_to: Mapping[int, int],
+        restore: bool,
+    ) -> list[int]:
+        role, failed = cluster.name, failed_ranks(exc)
+        now = getattr(cluster, "incarnations", None)
+        ranks = [r for r in failed if now is None or sent_to.get(r, now[r]) == now[r]]
+        if not ranks:
+            return failed  # every one replaced already, after this call was sent
         used = self.restarts.get(role, 0)
         if used + len(ranks) > self.max_restarts:
             exc.add_note(
@@ -107,13 +164,13 @@ class Recovery:
             cluster.replace_rank(rank)
         if callable(getattr(cluster.worker_cls, "initialize", None)):  # as at start
             cluster.call_ranks("initialize", ranks)
-        restore = self._restore[role]
-        if restore is not None:
-            restore(cluster, ranks)
-        cluster.record_shm()  # the new ranks' /dev/shm files, swept at shutdown if left
         self.restarts[role] = used + len(ranks)
+        restorer = self._restore.get(role)
+        if restore and restorer is not None:
+            restorer(cluster, ranks)
+        cluster.record_shm()  # the new ranks' /dev/shm files, swept at shutdown if left
         self._lost_s[role] = self._lost_s.get(role, 0.0) + time.monotonic() - since
-        return ranks
+        return failed
 
     def pop_metrics(self) -> dict[str, float]:
         """``faults/<role>/restarts`` of every role replaced so far, ``faults/<role>/lost_s``

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -55,6 +56,38 @@ def process_tree(roots: Iterable[int], proc: Path = PROC) -> set[int]:
             seen.add(pid)
             todo.extend(children.get(pid, ()))
     return seen
+
+
+def descendants(pid: int, proc: Path = PROC) -> dict[int, int]:
+    """``pid``'s live descendants, each with its start time (``/proc/<pid>/stat`` field 22):
+    what tells a process from a later one that reuses its pid."""
+    tree = process_tree([pid], proc) - {pid}
+    return {p: t for p in tree if (t := start_time(p, proc)) is not None}
+
+
+def start_time(pid: int, proc: Path = PROC) -> int | None:
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # from field 3 (state) on
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def end_processes(recorded: Mapping[int, int], proc: Path = PROC) -> list[int]:
+    """SIGKILL the ``recorded`` processes (pid -> start time) that are still those processes:
+    the children a killed actor left (vLLM's engine core, which holds its KV cache and message
+    queues, has no parent left to stop it). Returns the pids killed."""
+    killed = []
+    for pid, started in recorded.items():
+        if start_time(pid, proc) != started:
+            continue  # gone, or the pid is another process's now
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
 
 
 def held_files(pids: Iterable[int], shm_dir: Path = SHM_DIR, proc: Path = PROC) -> dict[str, int]:

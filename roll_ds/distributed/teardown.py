@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from roll_ds.distributed.shm import ShmLedger, scan, unlink_recorded
+from roll_ds.distributed.shm import ShmLedger, descendants, end_processes, scan, unlink_recorded
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,34 @@ def record_shm(ledger: ShmLedger, clusters: Iterable[Cluster]) -> None:
             ledger.record(node, _on_node(node, scan, pids))
         except Exception as exc:  # a node that is gone: its files went with it
             logger.warning("could not list the /dev/shm files held on node %s: %s", node, exc)
+
+
+def record_children(cluster: Cluster) -> None:
+    """Each rank's child processes now (``cluster.children``: rank -> {pid: start time}), so
+    a rank that is killed and replaced does not leave them running (``end_children``)."""
+    for rank, info in enumerate(cluster.infos):
+        if not info.get("pid"):
+            continue
+        try:
+            cluster.children[rank] = _on_node(info.get("node_id"), descendants, int(info["pid"]))
+        except Exception as exc:  # a node that is gone: its processes went with it
+            logger.warning("could not list the child processes on node %s: %s", info, exc)
+
+
+def end_children(info: dict[str, Any], recorded: dict[int, int]) -> list[int]:
+    """SIGKILL what a killed rank (``info``) had started that still runs (``recorded``:
+    ``record_children``'s): a SIGKILLed process's children are not killed with it, and
+    vLLM's engine core would hold its memory and message queues for the rest of the run."""
+    if not recorded:
+        return []
+    try:
+        killed = _on_node(info.get("node_id"), end_processes, recorded)
+    except Exception as exc:
+        logger.warning("could not end a dead worker's child processes %s: %s", recorded, exc)
+        return []
+    if killed:
+        logger.warning("ended %d process(es) a dead worker left: pids %s", len(killed), killed)
+    return killed
 
 
 def sweep_shm(ledger: ShmLedger) -> dict[str, int]:

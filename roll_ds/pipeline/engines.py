@@ -13,6 +13,10 @@ Two ways to run a call:
   engine's request stream and returns; ``collect_stream`` waits for them in the worker's
   ``stream_wait`` concurrency group, so a weight sync's pause, reload and resume run meanwhile
   and the requests go on with the new weights between two decode steps.
+
+An engine that dies is replaced inside the call (``fault_tolerance``, ``pipeline/faults.py``):
+its share of a batch call is sent again; a streamed batch's share is submitted again to the
+new engine first (the requests lived in the dead one's process).
 """
 
 from __future__ import annotations
@@ -63,8 +67,7 @@ class RolloutEngines:
             )
             if stream:
                 tag = f"turn-{next(self._tags)}"
-                self.cluster.call("submit_stream", batch, tag=tag, seed=seed, n=n, **sampling)
-                call = self.cluster.submit("collect_stream", tag)
+                call = self._stream(batch, dict(tag=tag, seed=seed, n=n, **sampling))
             else:
                 extra = {"probe": probe} if probe is not None and k == 0 else {}
                 call = self.cluster.submit("generate", batch, seed=seed, n=n, **extra, **sampling)
@@ -93,6 +96,19 @@ class RolloutEngines:
             ranks = sorted(int(k.split("/")[1]) for k in out.meta if k.startswith(PROBE_META))
             probe_logprobs += [out.meta[f"{PROBE_META}{r}"] for r in ranks]
         return samples, probe_logprobs
+
+    def _stream(self, batch: Batch, submit: dict[str, Any]) -> Any:
+        """Submit ``batch`` to the engines' request streams (``submit``: the tag, seed and
+        sampling); returns the call that collects it. An engine replaced meanwhile (dead:
+        ``fault_tolerance``) lost its requests with its process: its share of ``batch`` is
+        submitted to the new one before the collect is sent to it again."""
+        self.cluster.call("submit_stream", batch, **submit)
+
+        def submit_again(rank: int) -> None:
+            bound = None if self.bounds is None else self.bounds.base_s
+            self.cluster.submit("submit_stream", batch, _ranks=[rank], **submit).get(bound)
+
+        return self.cluster.submit("collect_stream", submit["tag"], _before_resend=submit_again)
 
     def pause(self) -> None:
         """Stop the engines' request streams between two decode steps (before a sync)."""

@@ -42,6 +42,17 @@ def parity_mode(cfg: RLVRConfig, *, colocated: bool) -> str:
     return AFTER_SYNC
 
 
+def dead_engines(exc: Any, engines: Any) -> list[Any]:
+    """The engine ranks whose death broke a weight sync (``exc.failures``), if ``engines``
+    is watched by a ``Recovery`` and no trainer rank failed too (that is the run's restart,
+    ``pipeline/restarts.py``); else none."""
+    recovery = getattr(engines, "recovery", None)
+    failures = getattr(exc, "failures", ())
+    dead = [f for f in failures if recovery is not None and recovery.handles(engines, f)]
+    others = [f for f in failures if getattr(f, "role", None) != engines.name]
+    return [] if others or not dead else dead
+
+
 class PolicySync:
     """The sync phase from ``train`` (the ``actor_train`` cluster) into ``engines``;
     ``probe_prompts`` hold the parity probe's prompts (token ids)."""
@@ -78,21 +89,14 @@ class PolicySync:
         step's rollout follows at once (``on_rollout`` parity may ride on it)."""
         if self.rollout_version == policy_version and not self.colocation.needs_sync:
             return {}
-        from roll_ds.weight_sync.select import build_transport
-
         if self.transport is None:
-            self.transport = build_transport(
-                self.cfg.weight_sync,
-                self.train,
-                self.engines.cluster,
-                rollout_dtype=self.cfg.actor_infer.model_args.dtype,
-            )
+            self.transport = self._build_transport()
         self.colocation.enter(SYNC, policy_version)  # trainer loaded, engine weights awake
         if self.streaming:  # requests in flight wait between two decode steps
             started = time.perf_counter()
             self.engines.pause()
             paused_s = time.perf_counter() - started
-        metrics = self.transport.sync(self.train, self.engines.cluster)
+        metrics = self._transfer()
         if self.streaming:
             self.engines.resume(policy_version)
             metrics["sync/pause_s"] = paused_s
@@ -102,23 +106,65 @@ class PolicySync:
         metrics.update(self._check(metrics, policy_version, before_rollout))
         return metrics
 
-    def restore_engines(self, cluster: Any, ranks: list[int]) -> None:
-        """Replaced engine ranks (``pipeline/faults.py``) get the weights the others serve: a
-        full sync into every engine, parity checked, before their call is sent again. A parity
-        probe riding on that call still completes the step's check. Metrics under
-        ``faults/actor_infer/`` (the step's own ``sync/*`` stay those of its sync)."""
-        if self.rollout_version is None:
-            return  # never synced yet: the step's sync fills every engine
+    def _transfer(self) -> dict[str, float]:
+        """The transport's sync; an engine that dies in it (the engines' cluster watched by
+        a ``Recovery``) is replaced and the full sync done again into every engine."""
+        from roll_ds.weight_sync.base import WeightSyncError
+
+        cluster = self.engines.cluster
+        since = time.monotonic()
+        try:
+            return self.transport.sync(self.train, cluster)
+        except WeightSyncError as exc:
+            dead = dead_engines(exc, cluster)
+            if not dead:
+                raise
+            self._check_transport(cluster, [e.rank for e in dead])
+            # Held until the new engines have the weights: a rollout thread that finds its
+            # engine replaced sends it work only then.
+            with cluster.recovery.locked():
+                for error in dead:  # restored by the sync redone below
+                    cluster.recovery.replace(cluster, error, since, restore=False)
+                self.transport = None  # rebuilt: it connects the new ranks
+                self.transport = self._build_transport()
+                return self.transport.sync(self.train, cluster)
+
+    def _build_transport(self) -> Any:
+        from roll_ds.weight_sync.select import build_transport
+
+        return build_transport(
+            self.cfg.weight_sync,
+            self.train,
+            self.engines.cluster,
+            rollout_dtype=self.cfg.actor_infer.model_args.dtype,
+        )
+
+    def _check_transport(self, cluster: Any, ranks: list[int]) -> None:
+        """Only ``object_store`` reaches a replaced engine: a collective transport seated the
+        old one in its group (re-forming it with the trainer mid-run is not built)."""
         if self.transport is not None and self.transport.name != "object_store":
             from roll_ds.weight_sync.base import WeightSyncError
 
             raise WeightSyncError(
-                f"{cluster.name} rank(s) {ranks} were replaced, but weight_sync transport "
-                f"{self.transport.name} seated the old ones in its group; only object_store "
-                "reaches a new engine. Set weight_sync.transport=object_store, or "
-                "fault_tolerance.max_restarts=0 to stop at a dead engine"
+                f"{cluster.name} rank(s) {ranks} died, and weight_sync transport "
+                f"{self.transport.name} cannot reach a replacement (it seated the old ones in "
+                "its group; only object_store reaches a new engine). Set "
+                "weight_sync.transport=object_store, or fault_tolerance.max_restarts=0 to stop "
+                "at a dead engine"
             )
-        version, deferred = self.rollout_version, self._deferred
+
+    def restore_engines(self, cluster: Any, ranks: list[int], version: int | None = None) -> None:
+        """Replaced engine ranks (``pipeline/faults.py``) get the trainer's weights: a full
+        sync into every engine, parity checked, before their call is sent again. ``version``:
+        the trainer's (default: the version the engines serve, which the synchronous loop's
+        trainer holds whenever the engines work). A parity probe riding on that call still
+        completes the step's check. Metrics under ``faults/actor_infer/`` (the step's own
+        ``sync/*`` stay those of its sync)."""
+        if self.rollout_version is None:
+            return  # never synced yet: the step's sync fills every engine
+        self._check_transport(cluster, ranks)
+        version = self.rollout_version if version is None else version
+        deferred = self._deferred
         self.transport, self.rollout_version = None, None  # rebuilt: it connects the new ranks
         metrics = self.sync(version)
         self._deferred = deferred

@@ -36,7 +36,7 @@ from roll_ds.pipeline.colocation.choreography import GENERATE, TRAIN, Choreograp
 from roll_ds.pipeline.colocation.plan import ColocationPlan
 from roll_ds.pipeline.engines import RolloutEngines
 from roll_ds.pipeline.evaluation import evaluate_policy
-from roll_ds.pipeline.faults import call_bounds, watch_stateless
+from roll_ds.pipeline.faults import MainThreadRestore, call_bounds, watch_stateless
 from roll_ds.pipeline.logprobs import OldLogprobs, fill_logprobs
 from roll_ds.pipeline.loss_fns import CRITIC_KEYS, TRAIN_KEYS, PolicyLoss, ValueLoss
 from roll_ds.pipeline.model_roles import ModelRole, role_handles
@@ -114,6 +114,7 @@ class RLVRPipeline:
         self.rollouts: RolloutPhase | None = None  # start() builds the phases over the roles
         self.policy_sync: PolicySync | None = None
         self.recovery: Any = None  # start(): replaces dead ranks of stateless roles (faults.py)
+        self.engine_restore: MainThreadRestore | None = None
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -165,7 +166,17 @@ class RLVRPipeline:
             queue=self.queue,
             parity=self.policy_sync,
         )
-        self.recovery = watch_stateless(cfg, self.clusters, self.colocation, self.policy_sync)
+        # A replaced engine gets the trainer's current weights, synced on the main thread
+        # (a rollout thread that replaced one waits for it there: faults.py).
+        self.engine_restore = MainThreadRestore(
+            lambda cluster, ranks: self.policy_sync.restore_engines(
+                cluster, ranks, version=self.policy_version
+            )
+        )
+        self.recovery = watch_stateless(cfg, self.clusters, self.colocation, self.engine_restore)
+        self.recovery.idle = self.engine_restore.serve
+        if self.queue is not None:
+            self.queue.idle = self.engine_restore.serve
         if eval_only:  # no trainer to sync from: the engines serve the policy under evaluation
             self.policy_sync.rollout_version = self.policy_version
 
@@ -177,6 +188,8 @@ class RLVRPipeline:
         swept (``roll_ds/distributed/teardown.py``)."""
         from roll_ds.distributed.teardown import shutdown_clusters
 
+        if self.engine_restore is not None:  # a rollout thread waiting on it ends
+            self.engine_restore.close()
         if self.rollouts is not None:
             self.rollouts.close()
         if self.env_pool is not None:

@@ -22,9 +22,11 @@ them with newer weights could not give.
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from roll_ds.agentic.episode import Episode
 
 STATE_FILE = "rollouts_in_flight.json"
 OLD_STATE_FILES = ("rollouts_in_flight.npz", "episodes_in_flight.json")  # before one format
+IDLE_S = 0.05  # how often a wait for the rollout threads serves them (RolloutQueue.idle)
 
 
 @dataclass
@@ -45,9 +48,12 @@ class InFlight:
     future: Future | None = None
     output: dict[str, Any] | None = field(default=None, repr=False)  # episodes, timings
 
-    def collect(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def collect(
+        self, timeout_s: float | None = None, idle: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
+        """The step's episodes once played; ``idle`` runs every ``IDLE_S`` meanwhile."""
         if self.output is None:
-            episodes, timings = self.future.result(timeout_s)
+            episodes, timings = _result(self.future, timeout_s, idle)
             self.output = {"episodes": episodes, "timings": timings}
             self.future = None
         return self.output
@@ -64,13 +70,30 @@ class InFlight:
         return float(step - min(versions)), step - sum(versions) / len(versions)
 
 
-class RolloutQueue:
-    """The steps in flight, oldest first; at most ``depth + 1`` of them at a time."""
+def _result(future: Future, timeout_s: float | None, idle: Callable[[], None] | None) -> Any:
+    if idle is None:
+        return future.result(timeout_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        idle()
+        wait_s = IDLE_S if deadline is None else min(IDLE_S, deadline - time.monotonic())
+        try:
+            return future.result(max(0.0, wait_s))
+        except FutureTimeout:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
 
-    def __init__(self, depth: int) -> None:
+
+class RolloutQueue:
+    """The steps in flight, oldest first; at most ``depth + 1`` of them at a time. ``idle``:
+    what the waiting (main) thread does meanwhile, every ``IDLE_S``: serve what a rollout
+    thread waits for from it (an engine's restore, ``pipeline/faults.py``)."""
+
+    def __init__(self, depth: int, idle: Callable[[], None] | None = None) -> None:
         if depth < 1:
             raise ValueError(f"async_generation.max_staleness must be >= 1 here, got {depth}")
         self.depth = depth
+        self.idle = idle
         self.items: deque[InFlight] = deque()
 
     @property
@@ -92,12 +115,12 @@ class RolloutQueue:
             have = [item.step for item in self.items]
             raise RuntimeError(f"rollout queue: step {step} is not next in flight (have {have})")
         item = self.items.popleft()
-        item.collect(timeout_s)
+        item.collect(timeout_s, self.idle)
         return item
 
     def wait_all(self, timeout_s: float | None = None) -> None:
         for item in self.items:
-            item.collect(timeout_s)
+            item.collect(timeout_s, self.idle)
 
     def wait_for_sync(self, timeout_s: float | None = None) -> None:
         """``mode: batch``: every step in flight finishes with the weights it started with,

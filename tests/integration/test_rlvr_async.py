@@ -32,6 +32,8 @@ from roll_ds.config.compose import PROJECT_ROOT
 pytestmark = pytest.mark.integration
 
 ASYNC = ("async_generation.max_staleness=1",)
+# vLLM's engine core in a process of its own, as on GPU (the CPU default keeps it in the actor)
+MULTIPROC = '+actor_infer.system_envs.ROLL_DS_VLLM_MULTIPROC="1"'
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +96,21 @@ def test_a_killed_trainer_rank_restarts_with_the_batch_played_ahead(straight: Pa
 
 
 def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
-    """The engine core runs in a process of its own (as on GPU) so the killed rollout actor
+    """With ``fault_tolerance.max_restarts=0`` a dead engine stops the run (a replaced one:
+    ``test_a_rollout_engine_killed_under_stream_is_replaced_and_its_requests_redone``). The
+    engine core runs in a process of its own (as on GPU) so the killed rollout actor
     leaves vLLM's message queues in /dev/shm, with nobody left to unlink them: the failed
     run's shutdown sweeps them, and no process of the run outlives it."""
-    multiproc = '+actor_infer.system_envs.ROLL_DS_VLLM_MULTIPROC="1"'
     proc = subprocess.Popen(
-        command(tmp_path, *ASYNC, "max_steps=200", "save_steps=0", "eval_steps=0", multiproc),
+        command(
+            tmp_path,
+            *ASYNC,
+            "max_steps=200",
+            "save_steps=0",
+            "eval_steps=0",
+            "fault_tolerance.max_restarts=0",
+            MULTIPROC,
+        ),
         cwd=PROJECT_ROOT,
         stdout=(log := tmp_path / "stdout.log").open("w"),  # Hydra logs there
         stderr=subprocess.PIPE,
@@ -188,3 +199,59 @@ def test_streaming_two_versions_ahead_then_sigkill_and_resume(tmp_path: Path):
         assert "time/rollout_wait" not in row  # the sync does not wait for the batches
     assert rows[1]["rollout/staleness"] == 0.0  # the first batch: the initial weights only
     assert "sync/pause_s" in rows[2]
+
+
+def drawn_ids(out_dir: Path, *extra: str, steps: int) -> dict[int, list[str]]:
+    """Each train step's prompt ids (one per sample, sorted) as the run's sampler draws them:
+    the synchronous loop's order, which the steps played ahead keep (``rollout_queue.py``)."""
+    from _pipeline_run import SMALL
+    from transformers import AutoTokenizer
+
+    from roll_ds.config import load_config
+    from roll_ds.models.shipped import resolve_pretrain
+    from roll_ds.pipeline.tasks import Tasks
+
+    cfg = load_config("rlvr_lora_zero3", [*SMALL, f"output_dir={out_dir}", *extra])
+    tasks = Tasks.load(cfg, AutoTokenizer.from_pretrained(resolve_pretrain(cfg.pretrain)))
+    group = cfg.num_return_sequences_in_group
+    drawn = {step: tasks.draw_rows(tasks.row_groups) for step in range(1, steps + 1)}
+    return {
+        step: sorted(tasks.train_rows[i]["id"] for i in rows for _ in range(group))
+        for step, rows in drawn.items()
+    }
+
+
+# Slow: one more run of the pipeline (~150 s on a shared 2-core box).
+@pytest.mark.slow
+def test_a_rollout_engine_killed_under_stream_is_replaced_and_its_requests_redone(tmp_path):
+    """mode stream, two versions ahead, the engine core in a process of its own: the vLLM
+    actor SIGKILLed once step 2's checkpoint is saved (the streams of the steps ahead in it)
+    is replaced on its bundle with the trainer's weights (parity checked), the requests it had
+    not returned are submitted to the new engine, and the run ends: every step trains on
+    exactly the prompts the sampler drew for it, every sync reaches parity, and nothing of
+    the dead engine is left (its engine-core process, its /dev/shm queues)."""
+    extra = (*STREAM, MULTIPROC, "tracking.dump_rollouts_every=1")
+    result, left, killed = sigkill_worker_after_first_checkpoint(
+        tmp_path, *extra, worker="RolloutWorker"
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "RolloutWorker" in killed
+    assert not left, left.describe()
+    logs = result.stdout + result.stderr  # Hydra logs to stdout
+    assert "replacing in place" in logs
+    # the engine core outlived the SIGKILLed actor (its child): the replacement ended it
+    assert "process(es) a dead worker left" in logs, logs[-4000:]
+    rows = {r["step"]: r for r in metrics(tmp_path)}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert rows[4]["faults/actor_infer/restarts"] == 1.0
+    served = served_syncs(list(rows.values()))
+    for step in (3, 4):
+        assert 0.0 <= rows[step]["rollout/staleness"] <= 2.0, rows[step]
+        assert served[step]["sync/parity_max_abs_diff"] < 1e-4
+    import json
+
+    dumped: dict[int, list[str]] = {}
+    for line in (tmp_path / "rlvr_lora_zero3" / "rollouts.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        dumped.setdefault(row["step"], []).append(row["id"])
+    assert {s: sorted(ids) for s, ids in dumped.items()} == drawn_ids(tmp_path, *extra, steps=4)

@@ -226,3 +226,27 @@ def test_a_reward_actor_killed_mid_run_is_replaced_and_the_run_learns_the_same(
     assert f"faults/{role}/lost_s" in rows[3]  # step 3 scored on the dead actor
     assert "replacing in place" in result.stdout + result.stderr  # Hydra logs to stdout
     assert_same_metrics(tmp_path, straight, steps=tuple(rows), ignore=("faults/",))
+
+
+# Slow: one more run of the pipeline (~140 s on a shared 2-core box). CI covers the parts: the
+# sync redone after a dead engine (tests/unit/pipeline/test_policy_sync_faults.py) and a dead
+# engine under two rollout threads on real Ray actors (test_engine_replacement.py).
+@pytest.mark.slow
+def test_a_rollout_engine_killed_mid_run_is_replaced_and_the_run_learns_the_same(
+    straight: Path, tmp_path: Path
+):
+    """fault_tolerance: the vLLM engine (actor_infer's one rank) SIGKILLed once step 2's
+    checkpoint is saved: the next call on it (step 3's weight sync, or its generate call if the
+    kill landed after that sync) replaces it on its bundle, syncs the trainer's weights in with
+    the parity check and redoes the work; the run ends with ``faults/actor_infer/restarts`` 1,
+    every learning and eval metric equal to the uninterrupted run's, and nothing of the dead
+    engine left behind (its process, its /dev/shm files)."""
+    result, left, killed = sigkill_worker_after_first_checkpoint(tmp_path, worker="RolloutWorker")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "RolloutWorker" in killed
+    assert not left, left.describe()
+    rows = {r["step"]: r for r in metrics(tmp_path)}
+    assert rows[4]["faults/actor_infer/restarts"] == 1.0
+    assert "faults/actor_infer/lost_s" in rows[3]  # step 3 ran into the dead engine
+    assert "replacing in place" in result.stdout + result.stderr  # Hydra logs to stdout
+    assert_same_metrics(tmp_path, straight, steps=tuple(rows), ignore=("faults/",))

@@ -24,6 +24,7 @@ class FakeCluster:
     def __init__(self, name: str, world_size: int, fail: dict[int, list[str]]) -> None:
         self.name, self.world_size, self.fail = name, world_size, fail
         self.generation = [0] * world_size
+        self.incarnations = self.generation  # Cluster's name for it
         self.recovery = None
         self.worker_cls = _Worker
         self.call_timeout_s = 5.0
@@ -62,10 +63,14 @@ class FakeCluster:
         return rank * 10 + self.generation[rank]
 
 
-def pending(cluster: FakeCluster, method: str = "score") -> PendingCall:
+def pending(cluster: FakeCluster, method: str = "score", before_resend=None) -> PendingCall:
     calls = [(r, (f"shard{r}",), {}) for r in range(cluster.world_size)]
     refs = [r * 10 for r in range(cluster.world_size)]
-    return PendingCall(cluster, method, DispatchSpec(Dispatch.ALL), calls, refs)
+    call = PendingCall(
+        cluster, method, DispatchSpec(Dispatch.ALL), calls, refs, before_resend=before_resend
+    )
+    call.incarnations = dict(enumerate(cluster.incarnations))  # as Cluster.submit records them
+    return call
 
 
 def test_a_dead_rank_is_replaced_brought_up_and_sent_its_share_again():
@@ -137,3 +142,67 @@ def test_is_dead_and_call_bounds():
     assert is_dead(WorkerTimeoutError("r", "generate", [0, 1], 5))
     assert not is_dead(WorkerTimeoutError("r", "__init__", [0], 5))  # never started: no retry
     assert CallBounds(base_s=60, per_token_s=0.5).tokens(100) == 110.0
+
+
+def test_a_rank_another_caller_replaced_already_is_only_sent_its_share_again():
+    """Two calls in flight on the rank that died (two rollout threads): the first to see it
+    replaces it; the second, sent to the dead incarnation too, finds it replaced and only
+    sends its share again (one restart counted, one restore)."""
+    cluster = FakeCluster("actor_infer", 2, {1: ["died"]})
+    restored = []
+    recovery = Recovery(max_restarts=1)
+    recovery.watch(cluster, restore=lambda c, ranks: restored.append(ranks))
+    first, second = pending(cluster, "generate"), pending(cluster, "generate")
+    assert first.get() == [0, 11]
+    cluster.fail[1] = ["died"]  # the second call, sent to the same dead process
+    assert second.get() == [0, 11]
+    assert [e for e in cluster.log if e[0] == "replace"] == [("replace", 1)]
+    assert restored == [[1]]
+    assert recovery.restarts == {"actor_infer": 1}
+    assert [e for e in cluster.log if e[0] == "resend"] == [
+        ("resend", 1, ("shard1",)),
+        ("resend", 1, ("shard1",)),
+    ]
+
+
+def test_a_replaced_rank_gets_what_it_lost_before_its_share_is_sent_again():
+    """``before_resend`` (a streamed call: the requests the dead engine held) runs for the
+    replaced rank only, after its restore and before the call is sent again."""
+    cluster = FakeCluster("actor_infer", 3, {2: ["died"]})
+    recovery = Recovery(max_restarts=3)
+    recovery.watch(cluster, restore=lambda c, ranks: cluster.log.append(("restore", ranks)))
+    call = pending(cluster, "collect_stream", lambda rank: cluster.log.append(("again", rank)))
+    assert call.get() == [0, 10, 21]
+    assert cluster.log == [
+        ("replace", 2),
+        ("initialize", (2,)),
+        ("restore", [2]),
+        ("record_shm",),
+        ("again", 2),
+        ("resend", 2, ("shard2",)),
+    ]
+
+
+def test_replace_without_restore_and_the_lock_across_threads():
+    """``restore=False``: the caller restores (a weight sync redone); while a thread holds
+    ``locked()`` another thread's replacement waits, and the waiting thread runs ``idle``."""
+    import threading
+
+    cluster = FakeCluster("actor_infer", 1, {})
+    restored = []
+    recovery = Recovery(max_restarts=2)
+    recovery.watch(cluster, restore=lambda c, ranks: restored.append(ranks))
+    idled = threading.Event()
+    recovery.idle = idled.set
+    dead = WorkerError("actor_infer", 0, "receive_weights", ActorDiedError())
+    with recovery.locked():
+        assert recovery.replace(cluster, dead, 0.0, restore=False) == [0]
+        waiter = threading.Thread(
+            target=recovery.replace, args=(cluster, dead, 0.0, {0: 0}), daemon=True
+        )
+        waiter.start()
+        assert idled.wait(5)  # it waits for the lock, serving meanwhile
+        assert waiter.is_alive()
+    waiter.join(5)
+    assert restored == []  # the second found rank 0 replaced since its call (incarnation 0)
+    assert recovery.restarts == {"actor_infer": 1}

@@ -149,3 +149,34 @@ def test_a_real_dev_shm_segment_of_a_child_is_found():
     assert unlink_recorded({name: found[name]}) == {name: 1 << 16}
     with pytest.raises(FileNotFoundError):
         shared_memory.SharedMemory(name=name)
+
+
+def test_the_children_a_killed_process_left_are_ended_and_nothing_else():
+    """``descendants`` records a process's children with their start times; once the parent
+    is SIGKILLed (its children live on, as vLLM's engine core under a killed actor),
+    ``end_processes`` kills those still there, and leaves a pid whose start time differs (a
+    later process reusing it) alone."""
+    import signal
+
+    from roll_ds.distributed.shm import descendants, end_processes, start_time
+
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "child = subprocess.Popen(['sleep', '60'])\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(parent.stdout.readline())
+    recorded = descendants(parent.pid)
+    assert recorded == {child: start_time(child)}
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert start_time(child) is not None  # the orphan lives on
+    assert end_processes({child: recorded[child] + 1}) == []  # not the recorded process
+    assert end_processes(recorded) == [child]

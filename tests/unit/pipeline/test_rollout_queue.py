@@ -131,3 +131,22 @@ def test_batch_mode_staleness_is_the_submitting_version():
     item = InFlight(7, 5, future=ThreadPoolExecutor(1).submit(_play, 7))
     item.collect()
     assert item.staleness(7) == (2.0, 2.0)
+
+
+def test_a_wait_for_the_rollout_threads_serves_them_meanwhile():
+    """``idle`` runs while the main thread waits for a step (a rollout thread may be waiting
+    for it: an engine's restore), and a step that never ends still times out."""
+    import threading
+    from concurrent.futures import Future
+
+    served = threading.Event()
+    queue = RolloutQueue(depth=1, idle=served.set)
+    blocked: Future = Future()
+    threads = ThreadPoolExecutor(1)
+    # the step's thread finishes only once the waiting thread served it
+    future = threads.submit(lambda: (served.wait(5), _play(0))[1])
+    queue.items.append(InFlight(0, 0, future=future))
+    assert queue.take(0).output["episodes"][0].row == 0
+    queue.items.append(InFlight(1, 0, future=blocked))
+    with pytest.raises(TimeoutError):
+        queue.wait_all(timeout_s=0.2)

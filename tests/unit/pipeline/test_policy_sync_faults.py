@@ -1,0 +1,107 @@
+"""An engine that dies inside a weight sync (roll_ds/pipeline/policy_sync.py ``_transfer``):
+replaced, and the full sync done again into every engine; a collective transport or a trainer
+that failed too stops the run as before. The transports and the engines' cluster are stand-ins
+for the Ray side; the replacement goes through the real ``Recovery``."""
+
+from __future__ import annotations
+
+import pytest
+from ray.exceptions import ActorDiedError, RayTaskError
+
+from roll_ds.config.schema import RLVRConfig
+from roll_ds.distributed.errors import WorkerError
+from roll_ds.distributed.recovery import Recovery
+from roll_ds.pipeline.colocation.choreography import Choreography
+from roll_ds.pipeline.colocation.plan import ColocationPlan
+from roll_ds.pipeline.engines import RolloutEngines
+from roll_ds.pipeline.policy_sync import PolicySync
+from roll_ds.weight_sync.base import WeightSyncError
+
+
+class _Worker:
+    def initialize(self) -> None: ...
+
+
+class Engines:
+    name = "actor_infer"
+    worker_cls = _Worker
+    world_size = 2
+
+    def __init__(self) -> None:
+        self.recovery = None
+        self.incarnations = [0, 0]
+        self.log: list[tuple] = []
+
+    def replace_rank(self, rank: int) -> None:
+        self.incarnations[rank] += 1
+        self.log.append(("replace", rank))
+
+    def call_ranks(self, method: str, ranks) -> None:
+        self.log.append((method, tuple(ranks)))
+
+    def record_shm(self) -> None: ...
+
+
+class Transport:
+    """Fails its first sync with ``failures`` (if any), then syncs."""
+
+    def __init__(self, name: str, log: list, failures: tuple = ()) -> None:
+        self.name, self.log, self.failures = name, log, failures
+
+    def sync(self, train, infer) -> dict[str, float]:
+        if self.failures:
+            failures, self.failures = self.failures, ()
+            raise WeightSyncError("weight sync (x) failed", failures)
+        self.log.append(("sync", self.name, tuple(infer.incarnations)))
+        return {"sync/seconds": 0.1, "sync/receivers": 2.0}
+
+
+def died(role: str, rank: int) -> WorkerError:
+    return WorkerError(role, rank, "receive_weights", ActorDiedError())
+
+
+def _sync(name: str, failures: tuple, max_restarts: int = 3) -> tuple[PolicySync, Engines]:
+    cfg = RLVRConfig()
+    cfg.weight_sync.parity_check = False
+    engines = Engines()
+    Recovery(max_restarts).watch(engines, restore=lambda c, ranks: engines.log.append("restore"))
+    sync = PolicySync(cfg, "train", RolloutEngines(engines), Choreography(ColocationPlan()), [], 0)
+    sync.transport = Transport(name, engines.log, failures)
+    sync._build_transport = lambda: Transport(name, engines.log)
+    return sync, engines
+
+
+def test_an_engine_that_dies_in_a_sync_is_replaced_and_the_sync_done_again():
+    sync, engines = _sync("object_store", (died("actor_infer", 1),))
+    metrics = sync.sync(3)
+    assert engines.log == [
+        ("replace", 1),
+        ("initialize", (1,)),
+        ("sync", "object_store", (0, 1)),  # the full sync again, into the new rank too
+    ]  # and no restore of its own: the sync redone is it
+    assert metrics["sync/receivers"] == 2.0 and sync.rollout_version == 3
+    assert engines.recovery.pop_metrics()["faults/actor_infer/restarts"] == 1.0
+
+
+def test_a_collective_transport_stops_naming_the_rank_and_the_fields():
+    sync, engines = _sync("collective", (died("actor_infer", 1),))
+    with pytest.raises(WeightSyncError) as info:
+        sync.sync(3)
+    message = str(info.value)
+    assert "actor_infer rank(s) [1] died" in message and "cannot reach a replacement" in message
+    assert "weight_sync.transport=object_store" in message
+    assert "fault_tolerance.max_restarts=0" in message
+    assert engines.log == []  # nothing replaced
+
+
+def test_a_trainer_failure_or_a_method_error_or_no_budget_stops_as_before():
+    raised = WorkerError("actor_infer", 0, "receive_weights", RayTaskError("f", "tb", OSError()))
+    for failures, max_restarts in (
+        ((died("actor_infer", 1), died("actor_train", 0)), 3),  # the run's restart
+        ((raised,), 3),  # a new engine would raise it again
+        ((died("actor_infer", 1),), 0),  # max_restarts 0: not watched
+    ):
+        sync, engines = _sync("object_store", failures, max_restarts)
+        with pytest.raises(WeightSyncError):
+            sync.sync(3)
+        assert engines.log == []
