@@ -115,7 +115,7 @@ def test_a_trainer_rank_that_stops_answering_mid_step_restarts_the_run(tmp_path:
     import time
 
     marker = tmp_path / "hung-once"
-    bound_s = 60  # vLLM's initialize on a busy 2-core box takes up to ~40 s, under the same bound
+    bound_s = 45  # a train step of the tiny model takes seconds; start-up has its own bound
     start = time.perf_counter()
     result, left, _ = run_watched(
         tmp_path,
