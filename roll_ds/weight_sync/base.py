@@ -259,6 +259,7 @@ def wait_calls(
     what: str,
     limit: str | None = None,
     upstream: str | None = None,
+    settle_s: float = 0.0,
 ) -> dict[str, list[Any]]:
     """Wait for calls on several roles at once, bounded by ``timeout_s`` in all.
 
@@ -267,6 +268,11 @@ def wait_calls(
     broadcast surface together; a dead actor is listed first). No answer in time raises naming
     the roles and ranks still busy (``limit``: how the message states the bound). ``upstream``:
     the role the others wait on (the trainer, who sends), for ``stuck_workers``.
+
+    ``settle_s``: at the deadline with ranks of several roles busy and none failed, it is not
+    yet known which side stopped and which waits on it (measured: an engine that stopped left
+    the trainer's broadcast busy too); wait up to this much longer (a group operation's own
+    timeout) for the waiting side's operation to fail and say so.
     """
     import ray
 
@@ -282,6 +288,9 @@ def wait_calls(
         if failed:
             wait_s = min(wait_s, max(0.0, grace_end - now))
         ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
+        if not ready and not failed and settle_s > 0 and len({owner[r][0] for r in pending}) > 1:
+            deadline, settle_s = time.monotonic() + settle_s, 0.0  # once: who waited on whom
+            continue
         if not ready:
             break
         label, _ = owner[ready[0]]
@@ -477,6 +486,7 @@ class Transport(ABC):
             what=f"weight sync ({self.name})",
             limit=bound.describe(),
             upstream=upstream,
+            settle_s=self.timeout_s,  # a group operation's own timeout (group.py)
         )
 
     def _sync_deadline(self) -> tuple[float, SyncBound]:
