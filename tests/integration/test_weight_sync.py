@@ -220,6 +220,8 @@ def test_sync_serves_the_trained_weights(
             t = transport(name)
             metrics = t.sync(train, infer)
             assert metrics["sync/bytes"] > 1e6 and metrics["sync/buckets"] >= 4, metrics
+            # what the sync's bound was computed from, counted without gathering
+            assert train.weight_sync_nbytes(None, False) == metrics["sync/bytes"]
             assert metrics["sync/receivers"] == 1 and metrics["sync/gbps"] > 0, metrics
             parity = check_parity(train, infer, PROBE, max_abs_diff=PARITY_MAX)
             assert parity["sync/parity_max_abs_diff"] <= PARITY_MAX, parity
