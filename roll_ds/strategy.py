@@ -66,6 +66,10 @@ class WeightSource(Protocol):
     def adapter_config(self) -> dict[str, Any]:
         """The policy's LoRA config as ``adapter_config.json`` content."""
 
+    def sync_numels(self, adapter_only: bool) -> dict[torch.dtype, int]:
+        """Elements by dtype of what one sync sends (the buckets of the two methods above),
+        counted without gathering: a sync's bound scales with its bytes."""
+
 
 @runtime_checkable
 class WeightReceiver(Protocol):

@@ -49,7 +49,8 @@ class FaultToleranceConfig:
     # A failure while the roles first start is never restarted (a config or environment problem).
     max_trainer_restarts: int = 2
     # The bound of any actor call not scaled by its work (scoring, log-probs, a train step,
-    # initialize, a checkpoint save), in seconds; generous: a slow CPU box never reaches it.
+    # a checkpoint save), in seconds; generous: a slow CPU box never reaches it. A role's
+    # initialize waits at least 300 s (start-up) whatever this is.
     call_timeout_s: float = 3600.0
     # A generate call waits call_timeout_s plus this per token each engine may handle (its
     # prompts' tokens plus max_new_tokens per sample), in seconds.

@@ -201,6 +201,7 @@ REWARD: dict[str, Rule] = {"timeout_s": POSITIVE}
 WEIGHT_SYNC: dict[str, Rule] = {
     "bucket_bytes": AT_LEAST_1,
     "timeout_s": POSITIVE,
+    "min_gib_per_s": POSITIVE,
     "parity_probe_size": AT_LEAST_1,
     "parity_max_abs_diff": Range(low=0, low_open=True, null="the default of the rollout dtype"),
 }

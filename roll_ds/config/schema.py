@@ -331,7 +331,13 @@ class WeightSyncConfig:
     # group, else object_store. Or name one: collective | object_store | cuda_ipc.
     transport: str = "auto"
     bucket_bytes: int = 256 * 2**20  # gathered per bucket (ZeRO-3 GatheredParameters)
-    timeout_s: float = 600.0  # a sync that takes longer fails naming the worker
+    # A sync waits at most timeout_s plus the bytes it moves at min_gib_per_s (the weights at
+    # the rollout dtype; under lora_sync=adapter the adapter's), then fails naming the stuck
+    # role and ranks (a stuck trainer rank restarts the run: fault_tolerance).
+    timeout_s: float = 600.0
+    # The slowest throughput a sync may have before it counts as stuck, in GiB/s; low on
+    # purpose (a 7B model in bf16, 14 GiB, adds 280 s): only a rank that stopped trips it.
+    min_gib_per_s: float = 0.05
     # Under LoRA: merged (gather the full model, adapter merged in, reload it) | adapter (ship
     # only the adapter; vLLM keeps its base weights and serves base + adapter with enable_lora).
     lora_sync: str = "merged"

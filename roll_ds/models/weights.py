@@ -66,6 +66,20 @@ def iter_weight_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[B
         yield _materialise(units)
 
 
+def sync_numels(model: torch.nn.Module, *, adapter_only: bool) -> dict[torch.dtype, int]:
+    """Elements by dtype of what one sync sends, without gathering anything: every HF weight
+    (``iter_weight_buckets``; a tied output embedding travels once, as an alias) or, with
+    ``adapter_only``, the trainable adapter parameters (``iter_adapter_buckets``)."""
+    if adapter_only:
+        params = [p for p in model.parameters() if p.requires_grad]
+    else:
+        params = [unit.params[0] for unit in weight_units(model)]  # the produced weight's own
+    counts: dict[torch.dtype, int] = {}
+    for p in params:
+        counts[p.dtype] = counts.get(p.dtype, 0) + int(getattr(p, "ds_numel", p.numel()))
+    return counts
+
+
 def gathered_adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of a peft model's trainable (adapter) parameters under their parameter names,
     gathered under ZeRO-3 (every rank calls this together)."""

@@ -8,12 +8,13 @@ it has saved nothing since), up to ``fault_tolerance.max_trainer_restarts`` time
 is a manual ``resume_from_checkpoint=latest`` run: same data order, RNG and work in flight.
 
 What is restarted: a ``WorkerError`` or ``WorkerTimeoutError`` of a trainer role, or a cluster
-error (a failed weight sync) whose failures include one, raised directly or as the ``__cause__``
-of what the loop raised. Never restarted: any other error (a bug in the driver, a rollout or
-reward role; those have their own policy), a failure while the first attempt starts its roles (a
-config or environment problem: starting again repeats it), and a failure while a restart starts
-them (``RestartError``: the roles cannot be placed again, say because a node is gone and no other
-node has room).
+error (a failed weight sync) whose causes include one (a trainer rank that died, raised or
+stopped answering in the sync: ``weight_sync.base.stuck_workers``), raised directly or as the
+``__cause__`` of what the loop raised. Never restarted: any other error (a bug in the driver, a
+rollout or reward role; those have their own policy), a failure while the first attempt starts
+its roles (a config or environment problem: starting again repeats it), and a failure while a
+restart starts them (``RestartError``: the roles cannot be placed again, say because a node is
+gone and no other node has room).
 
 The cost is reported with the metrics of every step after a restart: ``faults/restarts`` (the
 count) and ``faults/lost_seconds``: wall-clock from the last progress the failed attempt kept
@@ -54,7 +55,10 @@ def failed_trainer(exc: BaseException) -> str | None:
         if isinstance(error, WorkerTimeoutError) and error.role in TRAIN_ROLES:
             return f"{error.role} ranks {error.ranks}"
         if isinstance(error, ClusterError):  # a weight sync's (weight_sync.base.WeightSyncError)
-            for failure in getattr(error, "failures", ()):
+            # its causes: the ranks that died, raised or stopped answering, not those that only
+            # waited on them (a trainer whose broadcast broke because an engine died is fine)
+            blamed = getattr(error, "causes", ()) or getattr(error, "failures", ())
+            for failure in blamed:
                 found = failed_trainer(failure)
                 if found:
                     return found

@@ -144,9 +144,12 @@ def choreography(
 
 def initialize_roles(clusters: dict[str, Any], colocation: Choreography, roles: list[str]) -> None:
     """Initialize ``roles`` stage by stage: roles that share the rollout engines' GPUs start
-    after them (colocation/choreography.py: why); the reward roles load meanwhile."""
+    after them (colocation/choreography.py: why); the reward roles load meanwhile. Bounded as
+    start-up (at least the cluster's ``start_timeout_s``): a ``call_timeout_s`` lowered to
+    catch a stuck rank sooner must not fail a slow start (every role loads at once)."""
     for stage in colocation.start_stages(roles):
         pending = [clusters[n].submit("initialize") for n in stage]
         for call in pending:
-            call.get()
+            cluster = call.cluster
+            call.get(max(cluster.call_timeout_s or 0.0, cluster.start_timeout_s))
         colocation.started(stage)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from roll_ds.config.schema import RewardConfig, WorkerConfig
 from roll_ds.distributed.batch import Batch
 from roll_ds.distributed.dispatch import Dispatch, register
+from roll_ds.distributed.hang_hook import hang_if_asked
 from roll_ds.distributed.worker import Worker
 from roll_ds.strategy import STRATEGIES, StrategyContext
 from roll_ds.weight_sync.worker import ReceiverWorkerMixin, SenderWorkerMixin
@@ -112,6 +113,7 @@ class TrainWorker(StrategyWorker):
 
     @register(Dispatch.DP, even=True)
     def train_step(self, batch: Batch, loss_fn: Any) -> dict[str, float]:
+        hang_if_asked(self.rank)  # a test hook, inert unless its env var is set
         tensors = dict(batch.tensors)
         return self.strategy.train_step(
             tensors, loss_fn, with_entropy=getattr(loss_fn, "needs_entropy", False)
@@ -123,6 +125,7 @@ class TrainWorker(StrategyWorker):
         ``train_step_with_old_logprobs``): a Batch of this rank's ``old_logprobs`` rows, its
         metrics in ``meta[f"train_metrics/{rank}"]`` (so the cluster's concat keeps each
         rank's)."""
+        hang_if_asked(self.rank)  # a test hook, inert unless its env var is set
         metrics, old = self.strategy.train_step_with_old_logprobs(
             dict(batch.tensors), loss_fn, with_entropy=getattr(loss_fn, "needs_entropy", False)
         )

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from roll_ds.distributed.errors import ClusterError
+from roll_ds.distributed.errors import ClusterError, WorkerError, WorkerTimeoutError
 from roll_ds.strategy import Bucket as Bucket  # a contract type: roll_ds/strategy.py defines it
 
 if TYPE_CHECKING:
@@ -54,16 +54,26 @@ if TYPE_CHECKING:
 ALIGN = 16  # byte alignment of each tensor in a bucket buffer (any dtype's view stays legal)
 ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 FAILURE_GRACE_S = 2.0  # after a first failure, how long to wait for the others' errors
+GIB = 2**30
 
 
 class WeightSyncError(ClusterError):
-    """A sync failed or timed out; the message names each worker that failed and how, and
-    ``failures`` holds their errors (``WorkerError``: role, rank), so a caller can tell whose
-    death broke the sync (the driver restarts the run when a trainer's did)."""
+    """A sync failed or timed out; the message names each worker that failed and how.
+    ``failures``: every worker's error (``WorkerError``: role, rank). ``causes``: those that
+    say what broke the sync (``stuck_workers``): the ranks that died or raised, else a
+    ``WorkerTimeoutError`` (role, ranks) for the side that stopped answering; not the ranks
+    that only waited on them. A caller acts on ``causes`` (the driver restarts the run when a
+    trainer's is among them; a dead or stuck engine is an engine to replace)."""
 
-    def __init__(self, message: str, failures: tuple[BaseException, ...] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        failures: tuple[BaseException, ...] = (),
+        causes: tuple[BaseException, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.failures = failures
+        self.causes = causes
 
 
 class TransferError(RuntimeError):
@@ -181,6 +191,12 @@ def cast_buckets(buckets: Iterable[Bucket], rollout_dtype: str | None) -> Iterat
         yield out
 
 
+def sync_nbytes(numels: Mapping[torch.dtype, int], rollout_dtype: str | None) -> int:
+    """Bytes a sync moves: each dtype's elements (``WeightSource.sync_numels``) at the dtype
+    they travel in (``transfer_dtype``; bucket alignment padding left out)."""
+    return sum(n * transfer_dtype(d, rollout_dtype).itemsize for d, n in numels.items())
+
+
 class SendCounter:
     """Counts what a sender moved: buckets, names, distinct bytes, seconds in the transport."""
 
@@ -208,25 +224,62 @@ class SendCounter:
 # driver side
 
 
+@dataclass(frozen=True)
+class SyncBound:
+    """How long one sync may take (``weight_sync``): ``timeout_s`` plus the ``nbytes`` it
+    moves at ``min_gib_per_s``, the slowest throughput that is not a stuck rank. With no floor
+    (None) or no bytes known (0), ``timeout_s`` alone: what connect and close wait."""
+
+    timeout_s: float
+    min_gib_per_s: float | None = None
+    nbytes: int = 0
+
+    @property
+    def seconds(self) -> float:
+        if not self.min_gib_per_s or self.nbytes <= 0:
+            return self.timeout_s
+        return self.timeout_s + self.nbytes / (self.min_gib_per_s * GIB)
+
+    def describe(self) -> str:
+        """The bound with what it is made of, the fields named (for the timeout's message)."""
+        if not self.min_gib_per_s or self.nbytes <= 0:
+            return f"{self.seconds:g} s (weight_sync.timeout_s)"
+        return (
+            f"{self.seconds:.1f} s (weight_sync.timeout_s={self.timeout_s:g} s + "
+            f"{self.nbytes} bytes ({self.nbytes / GIB:.3g} GiB) at "
+            f"weight_sync.min_gib_per_s={self.min_gib_per_s:g}; raise either if the sync is "
+            f"legitimately slower)"
+        )
+
+
 def wait_calls(
     calls: Mapping[str, PendingCall],
     timeout_s: float,
     *,
     what: str,
-    limit_s: float | None = None,
+    limit: str | None = None,
+    upstream: str | None = None,
+    settle_s: float = 0.0,
 ) -> dict[str, list[Any]]:
     """Wait for calls on several roles at once, bounded by ``timeout_s`` in all.
 
     Returns each call's per-rank results. The first failure raises ``WeightSyncError`` after a
     short grace for the other workers' errors (a dead vLLM actor and the trainer's broken
     broadcast surface together; a dead actor is listed first). No answer in time raises naming
-    the roles and ranks still busy (``limit_s``: the configured limit the message quotes).
+    the roles and ranks still busy (``limit``: how the message states the bound). ``upstream``:
+    the role the others wait on (the trainer, who sends), for ``stuck_workers``.
+
+    ``settle_s``: at the deadline with ranks of several roles busy and none failed, it is not
+    yet known which side stopped and which waits on it (measured: an engine that stopped left
+    the trainer's broadcast busy too); wait up to this much longer (a group operation's own
+    timeout) for the waiting side's operation to fail and say so.
     """
     import ray
 
     owner = {ref: (label, i) for label, call in calls.items() for i, ref in enumerate(call.refs)}
     pending = list(owner)
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     failed: list[tuple[str, PendingCall]] = []
     grace_end = float("inf")
     while pending:
@@ -235,6 +288,9 @@ def wait_calls(
         if failed:
             wait_s = min(wait_s, max(0.0, grace_end - now))
         ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
+        if not ready and not failed and settle_s > 0 and len({owner[r][0] for r in pending}) > 1:
+            deadline, settle_s = time.monotonic() + settle_s, 0.0  # once: who waited on whom
+            continue
         if not ready:
             break
         label, _ = owner[ready[0]]
@@ -245,22 +301,32 @@ def wait_calls(
                 grace_end = time.monotonic() + FAILURE_GRACE_S
             if all(label != f for f, _ in failed):
                 failed.append((label, calls[label]))
+    if not (failed or pending):
+        return {label: call.get(0) for label, call in calls.items()}
     late: dict[str, list[int]] = {}
     for ref in pending:
         label, i = owner[ref]
         late.setdefault(label, []).append(calls[label].ranks[i])
-    busy = "; ".join(f"{label} ranks {sorted(r)}" for label, r in late.items())
-    if failed:
-        lines, errors = _failure_lines(failed)
-        if busy:
-            lines.append(f"- still busy (stuck or waiting on the failed ones): {busy}")
-        raise WeightSyncError(f"{what} failed:\n" + "\n".join(lines), errors)
-    if pending:
-        raise WeightSyncError(
-            f"{what} timed out after {limit_s or timeout_s:g} s (weight_sync.timeout_s); "
-            f"still busy: {busy}"
+    late = {label: sorted(ranks) for label, ranks in late.items()}
+    lines, errors = _failure_lines(failed)
+    waited = time.monotonic() - started
+    methods = {label: call.method for label, call in calls.items()}
+    causes = stuck_workers(late, errors, methods, waited, upstream=upstream)
+    stuck = [c for c in causes if isinstance(c, WorkerTimeoutError)]
+    busy = "; ".join(f"{label} ranks {r}" for label, r in late.items())
+    if stuck:
+        named = "; ".join(f"{c.role} ranks {c.ranks}" for c in stuck)
+        others = "; ".join(
+            f"{label} ranks {r}" for label, r in late.items() if all(c.role != label for c in stuck)
         )
-    return {label: call.get(0) for label, call in calls.items()}
+        lines.append(f"- stuck (did not answer): {named}")
+        if others:
+            lines.append(f"- still busy, waiting on them: {others}")
+    elif busy:
+        lines.append(f"- still busy (stuck or waiting on the failed ones): {busy}")
+    bound = limit or f"{timeout_s:g} s"
+    head = f"{what} failed:" if failed else f"{what} timed out after {bound}:"
+    raise WeightSyncError("\n".join([head, *lines]), errors, causes)
 
 
 def _failure_lines(
@@ -281,6 +347,49 @@ def _failure_lines(
             lines.append((not died, f"- {exc}".split("\n--- original error ---")[0]))
             errors.append(exc)
     return [text for _, text in sorted(lines, key=lambda x: x[0])], tuple(errors)
+
+
+def is_symptom(exc: BaseException) -> bool:
+    """Whether ``exc`` (a rank's ``WorkerError``) is its weight-sync group operation failing or
+    timing out (``TransferError``): the rank waited on a peer that died or stopped; the peer
+    is the cause. vLLM's workers may hand the error back re-wrapped, so its text counts too."""
+    if not isinstance(exc, WorkerError):
+        return False
+    from roll_ds.distributed.errors import _original
+
+    original = _original(exc.cause)
+    return isinstance(original, TransferError) or "weight-sync group rank" in str(original)
+
+
+def stuck_workers(
+    busy: Mapping[str, list[int]],
+    errors: Iterable[BaseException],
+    methods: Mapping[str, str],
+    waited_s: float,
+    *,
+    upstream: str | None = None,
+) -> tuple[BaseException, ...]:
+    """What broke a sync (``WeightSyncError.causes``), from the ranks still ``busy`` (role ->
+    ranks) and the ``errors`` of those that failed: the ranks that died or raised, when any
+    did; else the side that stopped answering, as a ``WorkerTimeoutError`` (role, ranks).
+
+    Which side: data flows from ``upstream`` (the trainer) to the rest, so a busy trainer rank
+    is stuck unless a trainer rank's group operation failed (it waited on a receiver that did
+    not take its bucket: then the busy receivers are); otherwise the busy receivers are. A
+    rank whose group operation failed only waited (``is_symptom``); it is never the cause
+    while another rank is. ``methods``: each role's method (for the message)."""
+    errors = list(errors)
+    raised = [e for e in errors if not is_symptom(e)]
+    if raised:
+        return tuple(raised)
+    if not busy:
+        return ()
+    waited_on_receivers = any(isinstance(e, WorkerError) and e.role == upstream for e in errors)
+    order = sorted(busy, key=lambda role: role != upstream)  # upstream first
+    if waited_on_receivers and len(order) > 1:
+        order = order[1:]
+    role = order[0]
+    return (WorkerTimeoutError(role, methods.get(role, "?"), list(busy[role]), waited_s),)
 
 
 def sync_metrics(
@@ -314,17 +423,29 @@ class Transport(ABC):
         timeout_s: float,
         rollout_dtype: str | None = None,
         adapter_only: bool = False,
+        min_gib_per_s: float | None = None,
     ) -> None:
         """``adapter_only``: ship the LoRA adapter instead of the merged weights (the receivers
-        must have been told its config; see ``roll_ds.weight_sync.adapter``)."""
+        must have been told its config; see ``roll_ds.weight_sync.adapter``).
+        ``min_gib_per_s``: a sync's bound grows by the bytes it moves at this throughput
+        (``SyncBound``) once ``sync_bytes`` is set; None: ``timeout_s`` alone."""
         if bucket_bytes <= 0:
             raise ValueError(f"weight_sync.bucket_bytes must be > 0, got {bucket_bytes}")
         if timeout_s <= 0:
             raise ValueError(f"weight_sync.timeout_s must be > 0, got {timeout_s}")
+        if min_gib_per_s is not None and min_gib_per_s <= 0:
+            raise ValueError(f"weight_sync.min_gib_per_s must be > 0, got {min_gib_per_s}")
         self.bucket_bytes = int(bucket_bytes)
         self.timeout_s = float(timeout_s)
         self.rollout_dtype = rollout_dtype
         self.adapter_only = adapter_only
+        self.min_gib_per_s = min_gib_per_s
+        self.sync_bytes = 0  # what one sync moves (build_transport asks the trainer)
+
+    @property
+    def bound(self) -> SyncBound:
+        """The bound of one sync (connect and close wait ``timeout_s`` alone)."""
+        return SyncBound(self.timeout_s, self.min_gib_per_s, self.sync_bytes)
 
     def connect(self, train: Cluster, infer: Cluster) -> None:  # noqa: B027 - optional hook
         """Build what the transport needs between the roles (once, before the first sync)."""
@@ -346,8 +467,29 @@ class Transport(ABC):
             senders=self.senders,
         )
 
-    def _wait(self, calls: Mapping[str, PendingCall], deadline: float) -> dict[str, list[Any]]:
+    def _wait(
+        self,
+        calls: Mapping[str, PendingCall],
+        deadline: float,
+        bound: SyncBound | None = None,
+        *,
+        upstream: str | None = None,
+    ) -> dict[str, list[Any]]:
+        """``calls`` until ``deadline`` (``bound``: how the message states it; default
+        ``timeout_s`` alone). ``upstream``: the trainer's name where the engines wait on what
+        it sends (``stuck_workers``)."""
+        bound = bound or SyncBound(self.timeout_s)
         remaining = max(0.0, deadline - time.monotonic())
         return wait_calls(
-            calls, remaining, what=f"weight sync ({self.name})", limit_s=self.timeout_s
+            calls,
+            remaining,
+            what=f"weight sync ({self.name})",
+            limit=bound.describe(),
+            upstream=upstream,
+            settle_s=self.timeout_s,  # a group operation's own timeout (group.py)
         )
+
+    def _sync_deadline(self) -> tuple[float, SyncBound]:
+        """When one sync started now must end, and its bound."""
+        bound = self.bound
+        return time.monotonic() + bound.seconds, bound

@@ -122,12 +122,12 @@ class CollectiveTransport(Transport):
         if self.groups is None:
             self.connect(train, infer)
         start = time.perf_counter()
-        deadline = time.monotonic() + self.timeout_s
+        deadline, bound = self._sync_deadline()
         calls = {
             train.name: self._publish(train),
             infer.name: infer.submit("receive_weights", self.name),
         }
-        out = self._wait(calls, deadline)
+        out = self._wait(calls, deadline, bound, upstream=train.name)
         sent = next(stats for stats in out[train.name] if stats is not None)
         return sync_metrics(time.perf_counter() - start, sent, out[infer.name])
 

@@ -41,10 +41,10 @@ class ObjectStoreTransport(Transport):
 
     def sync(self, train: Cluster, infer: Cluster) -> dict[str, float]:
         start = time.perf_counter()
-        deadline = time.monotonic() + self.timeout_s
-        sent = self._wait({train.name: self._publish(train)}, deadline)[train.name][0]
+        deadline, bound = self._sync_deadline()
+        sent = self._wait({train.name: self._publish(train)}, deadline, bound)[train.name][0]
         load = infer.submit("receive_weights", self.name, sent["refs"])
-        received = self._wait({infer.name: load}, deadline)[infer.name]
+        received = self._wait({infer.name: load}, deadline, bound)[infer.name]
         return sync_metrics(time.perf_counter() - start, sent, received)
 
 

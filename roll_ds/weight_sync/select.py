@@ -201,6 +201,12 @@ def build_transport(
         timeout_s=cfg.timeout_s,
         rollout_dtype=rollout_dtype,
         adapter_only=cfg.lora_sync == "adapter",
+        min_gib_per_s=cfg.min_gib_per_s,
+    )
+    # every sync's bound: timeout_s + these bytes at min_gib_per_s (base.SyncBound)
+    transport.sync_bytes = train.weight_sync_nbytes(rollout_dtype, transport.adapter_only)
+    logger.info(
+        "weight sync: %d bytes a sync, bound %s", transport.sync_bytes, transport.bound.describe()
     )
     transport.connect(train, infer)
     if transport.adapter_only:  # the receivers write what they get as this peft adapter

@@ -8,6 +8,7 @@ a transport, or to a strategy, lives in the transport's ``Sender`` / ``Receiver`
 
     actor_train (ActorTrainWorker)                 rollout workers (RolloutWorker)
     publish_weights(transport, ..., senders) ALL   receive_weights(transport, *payload)   ALL
+    weight_sync_nbytes(dtype, adapter_only) RANK0
     adapter_config()                       RANK0   enable_adapter_sync(config)            ALL
     weight_sync_open(transport, t, senders)  ALL   weight_sync_members(transport)         ALL
     weight_sync_join(transport, specs)       ALL   weight_sync_join(transport, seats)     ALL
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from roll_ds.distributed.dispatch import Dispatch, register
 from roll_ds.weight_sync import RECEIVERS, SENDERS
-from roll_ds.weight_sync.base import Bucket, cast_buckets
+from roll_ds.weight_sync.base import Bucket, cast_buckets, sync_nbytes
 from roll_ds.weight_sync.collective import CollectiveReceiver, CollectiveSender
 from roll_ds.weight_sync.endpoint import AdapterReceiver, Receiver, Seat, Sender, WeightSource
 
@@ -68,6 +69,12 @@ class SenderWorkerMixin:
         stats["seconds"] = time.perf_counter() - start
         stats["gather_seconds"] = stats["seconds"] - stats["transfer_seconds"]
         return stats
+
+    @register(Dispatch.RANK0)
+    def weight_sync_nbytes(self, rollout_dtype: str | None, adapter_only: bool) -> int:
+        """Bytes one sync moves (``publish_weights`` with these arguments), counted without
+        gathering: the driver's bound of a sync grows with them."""
+        return sync_nbytes(self.strategy.sync_numels(adapter_only), rollout_dtype)
 
     @register(Dispatch.RANK0)
     def adapter_config(self) -> dict[str, Any]:

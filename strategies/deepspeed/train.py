@@ -31,7 +31,12 @@ import torch
 from roll_ds.config.deepspeed import zero_stage
 from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
 from roll_ds.models.loading import resolve_model_path
-from roll_ds.models.weights import adapter_config, iter_adapter_buckets, iter_weight_buckets
+from roll_ds.models.weights import (
+    adapter_config,
+    iter_adapter_buckets,
+    iter_weight_buckets,
+    sync_numels,
+)
 from roll_ds.perf import TrainPerf
 from roll_ds.strategy import StrategyContext
 from strategies import _common
@@ -432,6 +437,10 @@ class DeepSpeedTrainStrategy:
     def adapter_config(self) -> dict[str, Any]:
         """The policy's peft ``LoraConfig`` as ``adapter_config.json`` content."""
         return adapter_config(self.module)
+
+    def sync_numels(self, adapter_only: bool) -> dict[torch.dtype, int]:
+        """Elements by dtype a sync sends (the weight sync's bound scales with its bytes)."""
+        return sync_numels(self.module, adapter_only=adapter_only)
 
     def export_hf(
         self,

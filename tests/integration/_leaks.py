@@ -6,10 +6,17 @@ watched process runs, a thread polls its process tree (``roll_ds.distributed.shm
 processes a local run starts are its children, the actors theirs) and records every /dev/shm
 file one of them maps or holds open, and every process in the tree. ``leftovers`` then lists
 the recorded files still there (the same inode) and the recorded processes still alive.
+
+A process whose parent dies is re-parented, by default to init, out of the watched tree: one
+orphaned between two polls (a killed actor's vLLM EngineCore, a rank's helper) would go unseen.
+Run the watched process as a subreaper (``Popen(preexec_fn=become_subreaper)``) and its
+orphans are re-parented to it instead, so they stay in the tree and are recorded.
 """
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +28,18 @@ from roll_ds.distributed.shm import SHM_DIR, held_files, process_tree
 # The multiprocessing resource tracker a test's spawned processes start as a child of the watched
 # process itself (pytest): it lives until that process exits, by design, and holds no files.
 OWN_HELPER = "multiprocessing.resource_tracker"
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux; a no-op elsewhere): they
+    are re-parented here instead of to init. Kept across ``exec``, so it serves as a ``Popen``
+    ``preexec_fn`` for a watched run."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 @dataclass

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from _leaks import LeakWatch, Leftovers
+from _leaks import LeakWatch, Leftovers, become_subreaper
 
 from roll_ds.config.compose import PROJECT_ROOT
 
@@ -80,6 +80,7 @@ def run_watched(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=become_subreaper,  # its orphans stay in the watched tree (_leaks.py)
     )
     watch = LeakWatch(proc.pid)
     try:
@@ -151,6 +152,7 @@ def sigkill_worker_after_first_checkpoint(
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
+        preexec_fn=become_subreaper,  # the killed rank's orphans stay in the watched tree
     )
     watch = LeakWatch(proc.pid)
     latest = out_dir / config / "checkpoints" / "latest"

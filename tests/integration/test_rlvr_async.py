@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _leaks import LeakWatch
+from _leaks import LeakWatch, become_subreaper
 from _pipeline_run import (
     assert_same_metrics,
     command,
@@ -116,6 +116,7 @@ def test_rollout_actor_killed_mid_overlap_fails_fast_naming_it(tmp_path: Path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=become_subreaper,  # the killed actor's orphans stay in the watched tree
     )
     watch = LeakWatch(proc.pid)
     metrics_file = tmp_path / "rlvr_lora_zero3" / "metrics.jsonl"

@@ -102,6 +102,47 @@ def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(straight: Pa
     print(f"\nrestart lost {rows[4]['faults/lost_seconds']:.1f} s")
 
 
+# Slow (~3 min: two start-ups and the bound itself). CI covers a hung rank's bound at the Ray
+# level (test_cluster_failures.py) and a restart after a trainer rank dies (the test above).
+@pytest.mark.slow
+def test_a_trainer_rank_that_stops_answering_mid_step_restarts_the_run(tmp_path: Path):
+    """Issue 34's "collective made to hang": actor_train rank 1 stops answering at the start of
+    step 1's train step (``ROLL_DS_TEST_HANG_TRAIN_STEP``, roll_ds/distributed/hang_hook.py),
+    so rank 0 waits for it in the step's collectives. The call's bound
+    (fault_tolerance.call_timeout_s) ends the wait naming the ranks, the driver restarts the
+    run (no checkpoint yet: from the start) and it finishes; nothing is left behind."""
+    import re
+    import time
+
+    marker = tmp_path / "hung-once"
+    bound_s = 45  # a train step of the tiny model takes seconds; start-up has its own bound
+    start = time.perf_counter()
+    result, left, _ = run_watched(
+        tmp_path,
+        "max_steps=2",
+        "save_steps=0",
+        "eval_steps=0",
+        f"fault_tolerance.call_timeout_s={bound_s}",
+        f'+actor_train.system_envs.ROLL_DS_TEST_HANG_TRAIN_STEP="1:{marker}"',
+        timeout=900,
+    )
+    took = time.perf_counter() - start
+    logs = result.stdout + result.stderr
+    assert result.returncode == 0, logs[-4000:]
+    assert marker.exists()  # the hang happened (once: the restarted rank 1 trained)
+    named = re.search(
+        rf"actor_train\.train_step\w*\(\): ranks \[(0, )?1\] did not answer within {bound_s} s",
+        logs,
+    )
+    assert named, logs[-4000:]
+    assert "automatic restart 1 of 2" in logs, logs[-4000:]
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["faults/restarts"] == 1.0 for r in rows)
+    assert not left, left.describe()
+    print(f"\nhung rank 1: named after the {bound_s} s bound, run restarted, done in {took:.0f} s")
+
+
 def test_adapter_sync_over_a_collective_group(straight: Path, tmp_path: Path):
     """``weight_sync.lora_sync=adapter`` through a gloo broadcast group: only the LoRA adapter
     travels, vLLM serves base + adapter, and its log-probs still equal the trainer's."""

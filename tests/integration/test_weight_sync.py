@@ -55,6 +55,8 @@ TOL = 1e-4  # vLLM vs an fp32 HF forward of the same weights
 MOVED = 1e-3  # the trained policy must differ from the pre-training one by more than this
 PARITY_MAX = 1e-3  # trainer (fp32) vs vLLM on the probe, measured ~1e-5
 KILL_BOUND_S = 30.0
+# a 3 s sync bound, up to 3 s more for the group to tell who waited, the 2 s failure grace
+STUCK_BOUND_S = 3 + 3 + 2 + 2
 VOCAB = 128
 ENGINE = {"enforce_eager": True, "block_size": 32, "max_num_seqs": 32}
 PROBE = random_probe(VOCAB, size=4, length=24, seed=3)
@@ -77,6 +79,13 @@ class KillableRolloutWorker(RolloutWorker):
     def stall(self, seconds: float) -> None:
         """Keep the actor busy (a stuck receiver)."""
         time.sleep(seconds)
+
+
+class StallableTrainWorker(ActorTrainWorker):
+    def stall(self, seconds: float, rank: int) -> None:
+        """Keep rank ``rank`` busy (a trainer rank that stopped answering)."""
+        if self.rank == rank:
+            time.sleep(seconds)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +127,9 @@ def infer(resources, tiny_qwen2_dir):
     cluster.shutdown()
 
 
-def start_trainer(resources, model_dir: str, stage: int, lora: bool) -> Cluster:
+def start_trainer(
+    resources, model_dir: str, stage: int, lora: bool, worker_cls: type = ActorTrainWorker
+) -> Cluster:
     sys.path.insert(0, os.path.dirname(__file__))
     from _train_helpers import preset
 
@@ -133,7 +144,7 @@ def start_trainer(resources, model_dir: str, stage: int, lora: bool) -> Cluster:
     )
     cluster = Cluster(
         "actor_train",
-        ActorTrainWorker,
+        worker_cls,
         resources,
         init_args=(role, context(model_dir)),
         call_timeout_s=300,
@@ -209,6 +220,8 @@ def test_sync_serves_the_trained_weights(
             t = transport(name)
             metrics = t.sync(train, infer)
             assert metrics["sync/bytes"] > 1e6 and metrics["sync/buckets"] >= 4, metrics
+            # what the sync's bound was computed from, counted without gathering
+            assert train.weight_sync_nbytes(None, False) == metrics["sync/bytes"]
             assert metrics["sync/receivers"] == 1 and metrics["sync/gbps"] > 0, metrics
             parity = check_parity(train, infer, PROBE, max_abs_diff=PARITY_MAX)
             assert parity["sync/parity_max_abs_diff"] <= PARITY_MAX, parity
@@ -225,21 +238,48 @@ def test_sync_serves_the_trained_weights(
 def test_stuck_or_killed_vllm_actor_fails_the_sync_in_bounded_time(
     resources, infer, tiny_qwen2_dir
 ):
-    """A receiver that never starts receiving hits weight_sync.timeout_s; a vLLM actor killed
-    while a collective sync streams tiny buckets into it fails the sync at once, named."""
-    train = start_trainer(resources, tiny_qwen2_dir, 2, False)
+    """A receiver that never starts receiving hits weight_sync.timeout_s and is named as the
+    sync's cause (not the trainer rank whose broadcast waited on it); so is a trainer rank that
+    never starts sending (not the receiver that waited on it), which restarts the run; a vLLM
+    actor killed while a collective sync streams tiny buckets into it fails the sync at once,
+    named."""
+    from roll_ds.distributed.recovery import failed_ranks
+    from roll_ds.pipeline.restarts import failed_trainer
+
+    def causes(error: WeightSyncError) -> list[tuple[str, str, list[int]]]:
+        return [(type(c).__name__, c.role, failed_ranks(c)) for c in error.causes]
+
+    train = start_trainer(resources, tiny_qwen2_dir, 2, False, StallableTrainWorker)
     try:
         stuck = transport("collective", bucket_bytes=4096, timeout_s=3)
         stuck.connect(train, infer)
-        stall = infer.submit("stall", 5.0)
+        stall = infer.submit("stall", 12.0)
         start = time.perf_counter()
         with pytest.raises(WeightSyncError, match="timed out") as info:
             stuck.sync(train, infer)
         took_stuck = time.perf_counter() - start
-        # Either the driver's deadline or rank 0's gloo timeout fires first; both name the
-        # receiver that never answered.
+        # Rank 0's broadcast waits on the receiver too: at the driver's deadline both are busy,
+        # and rank 0's gloo timeout (the same 3 s, within the settle wait) tells who waited.
         assert "actor_infer ranks [0]" in str(info.value), info.value
-        assert took_stuck < 3 + 3, took_stuck
+        assert causes(info.value) == [("WorkerTimeoutError", "actor_infer", [0])], info.value
+        assert failed_trainer(info.value) is None  # an engine's fault: no run restart
+        assert took_stuck < STUCK_BOUND_S, took_stuck
+        stall.get()
+
+        # The sender (train rank 0) stops answering: the receiver's header wait times out in
+        # the group; the trainer is the cause.
+        stuck = transport("collective", bucket_bytes=4096, timeout_s=3)
+        stuck.connect(train, infer)
+        stall = train.submit("stall", 12.0, 0)
+        start = time.perf_counter()
+        with pytest.raises(WeightSyncError) as info:
+            stuck.sync(train, infer)
+        took_trainer = time.perf_counter() - start
+        assert causes(info.value) == [("WorkerTimeoutError", "actor_train", [0])], info.value
+        assert "stuck (did not answer): actor_train ranks [0]" in str(info.value), info.value
+        assert failed_trainer(info.value) == "actor_train ranks [0]"  # the run restarts
+        assert took_trainer < STUCK_BOUND_S, took_trainer
+        print(f"\nstuck trainer rank 0: failed after {took_trainer:.2f} s:\n{info.value}")
         stall.get()
 
         # 1 KB buckets: one tensor each, ~30 per sync; the kill lands inside one, not between.
@@ -265,5 +305,7 @@ def test_stuck_or_killed_vllm_actor_fails_the_sync_in_bounded_time(
         first = message.splitlines()[1]
         assert "actor_infer rank 0" in first and "receive_weights" in first, message
         assert "ActorDiedError" in first, message
+        assert causes(info.value) == [("WorkerError", "actor_infer", [0])], message
+        assert failed_trainer(info.value) is None  # the trainer's broken broadcast only waited
     finally:
         train.shutdown()
