@@ -24,6 +24,7 @@ from typing import Any
 
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.strategies import STRATEGY_SPECS
+from roll_ds.distributed.recovery import failed_ranks
 from roll_ds.pipeline.colocation.choreography import GENERATE, SYNC, Choreography
 from roll_ds.pipeline.engines import RolloutEngines
 
@@ -43,11 +44,12 @@ def parity_mode(cfg: RLVRConfig, *, colocated: bool) -> str:
 
 
 def dead_engines(exc: Any, engines: Any) -> list[Any]:
-    """The engine ranks whose death broke a weight sync (``exc.failures``), if ``engines``
-    is watched by a ``Recovery`` and no trainer rank failed too (that is the run's restart,
-    ``pipeline/restarts.py``); else none."""
+    """The errors of the engine ranks that broke a weight sync (``exc.causes``: dead, or
+    stuck while the trainer waited on them), if ``engines`` is watched by a ``Recovery`` and no
+    trainer rank is among the causes (that is the run's restart, ``pipeline/restarts.py``);
+    else none."""
     recovery = getattr(engines, "recovery", None)
-    failures = getattr(exc, "failures", ())
+    failures = getattr(exc, "causes", ()) or getattr(exc, "failures", ())
     dead = [f for f in failures if recovery is not None and recovery.handles(engines, f)]
     others = [f for f in failures if getattr(f, "role", None) != engines.name]
     return [] if others or not dead else dead
@@ -119,7 +121,7 @@ class PolicySync:
             dead = dead_engines(exc, cluster)
             if not dead:
                 raise
-            self._check_transport(cluster, [e.rank for e in dead])
+            self._check_transport(cluster, [r for e in dead for r in failed_ranks(e)])
             # Held until the new engines have the weights: a rollout thread that finds its
             # engine replaced sends it work only then.
             with cluster.recovery.locked():

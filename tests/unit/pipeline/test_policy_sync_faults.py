@@ -9,7 +9,7 @@ import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
 
 from roll_ds.config.schema import RLVRConfig
-from roll_ds.distributed.errors import WorkerError
+from roll_ds.distributed.errors import WorkerError, WorkerTimeoutError
 from roll_ds.distributed.recovery import Recovery
 from roll_ds.pipeline.colocation.choreography import Choreography
 from roll_ds.pipeline.colocation.plan import ColocationPlan
@@ -43,15 +43,16 @@ class Engines:
 
 
 class Transport:
-    """Fails its first sync with ``failures`` (if any), then syncs."""
+    """Fails its first sync with ``failures`` (if any; ``causes``: what broke it, default the
+    failures), then syncs."""
 
-    def __init__(self, name: str, log: list, failures: tuple = ()) -> None:
-        self.name, self.log, self.failures = name, log, failures
+    def __init__(self, name: str, log: list, failures: tuple = (), causes: tuple = ()) -> None:
+        self.name, self.log, self.failures, self.causes = name, log, failures, causes
 
     def sync(self, train, infer) -> dict[str, float]:
         if self.failures:
             failures, self.failures = self.failures, ()
-            raise WeightSyncError("weight sync (x) failed", failures)
+            raise WeightSyncError("weight sync (x) failed", failures, self.causes or failures)
         self.log.append(("sync", self.name, tuple(infer.incarnations)))
         return {"sync/seconds": 0.1, "sync/receivers": 2.0}
 
@@ -60,13 +61,15 @@ def died(role: str, rank: int) -> WorkerError:
     return WorkerError(role, rank, "receive_weights", ActorDiedError())
 
 
-def _sync(name: str, failures: tuple, max_restarts: int = 3) -> tuple[PolicySync, Engines]:
+def _sync(
+    name: str, failures: tuple, max_restarts: int = 3, causes: tuple = ()
+) -> tuple[PolicySync, Engines]:
     cfg = RLVRConfig()
     cfg.weight_sync.parity_check = False
     engines = Engines()
     Recovery(max_restarts).watch(engines, restore=lambda c, ranks: engines.log.append("restore"))
     sync = PolicySync(cfg, "train", RolloutEngines(engines), Choreography(ColocationPlan()), [], 0)
-    sync.transport = Transport(name, engines.log, failures)
+    sync.transport = Transport(name, engines.log, failures, causes)
     sync._build_transport = lambda: Transport(name, engines.log)
     return sync, engines
 
@@ -81,6 +84,17 @@ def test_an_engine_that_dies_in_a_sync_is_replaced_and_the_sync_done_again():
     ]  # and no restore of its own: the sync redone is it
     assert metrics["sync/receivers"] == 2.0 and sync.rollout_version == 3
     assert engines.recovery.pop_metrics()["faults/actor_infer/restarts"] == 1.0
+
+
+def test_an_engine_stuck_in_a_sync_is_replaced_though_the_trainer_failed_waiting_on_it():
+    """``causes`` blame the engine that stopped answering, not the trainer rank whose
+    broadcast timed out waiting on it (``weight_sync.base.stuck_workers``)."""
+    waited = WorkerError("actor_train", 0, "weight_sync_send", RayTaskError("f", "tb", OSError()))
+    stuck = WorkerTimeoutError("actor_infer", "receive_weights", [1], 3.0)
+    sync, engines = _sync("object_store", (waited,), causes=(stuck,))
+    sync.sync(3)
+    assert engines.log[:2] == [("replace", 1), ("initialize", (1,))]
+    assert engines.log[2] == ("sync", "object_store", (0, 1))
 
 
 def test_a_collective_transport_stops_naming_the_rank_and_the_fields():
