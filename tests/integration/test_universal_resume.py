@@ -1,9 +1,9 @@
 """The whole pipeline (run.py) resumed on another number of trainer ranks: a run trains its
 LoRA policy under ZeRO-2 on 2 ranks and saves at step 2; a second run resumes that checkpoint on
 1 rank (the driver converts it to a DeepSpeed universal checkpoint: docs/zero.md) and trains
-steps 3 and 4. Against the saving run's own steps 3 and 4, which a resume on the same 2 ranks
-equals exactly (the slow synchronous case runs that resume too; under async_generation
-test_rlvr_async.py shows it):
+steps 3 and 4 (a slow case goes the other way, 1 rank -> 2). Against the saving run's own
+steps 3 and 4, which a resume on the same 2 ranks equals exactly (the slow synchronous case runs
+that resume too; under async_generation test_rlvr_async.py shows it):
 
 - exactly equal: the prompts of each step (the data order), the sampled responses and their
   rewards (``rollouts.jsonl``), and under ``async_generation`` the batch that was in flight at the
@@ -48,18 +48,23 @@ ASYNC = ("async_generation.max_staleness=1",)
 LOSS_REL, LOSS_ABS, WEIGHT_TOL = 1e-5, 1e-6, 1e-5
 
 
-def _straight_and_resumed(tmp_path: Path, *extra: str) -> tuple[Path, Path]:
-    """The 2-rank run (4 steps, a checkpoint at 2) and the 1-rank run resumed from step 2."""
-    straight, resumed = tmp_path / "two_ranks", tmp_path / "one_rank"
-    result = run(straight, *COMMON, *extra, "export.every_save=true")  # step 2's adapter too
+def _straight_and_resumed(
+    tmp_path: Path, *extra: str, saving: tuple[str, ...] = (), resuming: tuple[str, ...] = ONE_RANK
+) -> tuple[Path, Path]:
+    """The saving run (4 steps, a checkpoint at 2; its trainer overrides ``saving``, by default
+    the config's 2 ranks) and the run resumed from step 2 with ``resuming`` (1 rank)."""
+    straight, resumed = tmp_path / "saving", tmp_path / "resumed"
+    saved_ranks, ranks = (1 if saving else 2), (1 if resuming else 2)  # ONE_RANK or the config's
+    # export.every_save: the adapter at step 2 too, to show the steps after it moved it
+    result = run(straight, *COMMON, *extra, *saving, "export.every_save=true")
     assert result.returncode == 0, result.stderr[-4000:]
     checkpoint = straight / EXP / "checkpoints" / SAVED
     record = json.loads((checkpoint / "actor_train" / "engine" / "engine.json").read_text())
-    assert (record["dp_world_size"], record["train_batch_size"]) == (2, 16)
-    result = run(resumed, *COMMON, *extra, *ONE_RANK, f"resume_from_checkpoint={checkpoint}")
+    assert (record["dp_world_size"], record["train_batch_size"]) == (saved_ranks, 16)
+    result = run(resumed, *COMMON, *extra, *resuming, f"resume_from_checkpoint={checkpoint}")
     assert result.returncode == 0, result.stderr[-4000:]
     log = result.stdout + result.stderr
-    assert "saved on 2 actor_train ranks and resumes on 1" in log
+    assert f"saved on {saved_ranks} actor_train ranks and resumes on {ranks}" in log
     assert "does not continue the saved run's optimization" not in log  # the batch was kept
     assert (checkpoint / "actor_train" / "engine_universal").is_dir()  # converted, kept
     return straight, resumed
@@ -125,6 +130,14 @@ def test_pipeline_resumes_on_one_rank_as_on_two(tmp_path: Path):
     assert result.returncode == 0, result.stderr[-4000:]
     _assert_continues(straight, two_ranks, straight, exact=True)
     _assert_continues(two_ranks, one_rank, straight)
+
+
+@pytest.mark.slow
+def test_pipeline_saved_on_one_rank_resumes_on_two(tmp_path: Path):
+    """The other way: saved by 1 rank of 2 accumulated micro-batches, resumed on the config's
+    2 ranks of 1."""
+    saving, resumed = _straight_and_resumed(tmp_path, saving=ONE_RANK, resuming=())
+    _assert_continues(saving, resumed, saving)
 
 
 def test_async_pipeline_resumes_on_one_rank_with_its_batch_in_flight(tmp_path: Path):
