@@ -130,7 +130,8 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
                 f"resume_from_checkpoint: {directory} was saved on {saved} {name} ranks and "
                 f"this run has {world}: {record['not_resizable']}"
             )
-        _warn_if_batch_changed(name, getattr(cfg, name), world, record, directory)
+        saved_rows = record.get("train_batch_size")
+        _warn_if_batch_changed(name, getattr(cfg, name), world, saved_rows, directory)
         if resized:
             logger.info(
                 "resume_from_checkpoint: %s was saved on %d %s ranks and resumes on %d: its "
@@ -144,14 +145,14 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
 
 
 def _warn_if_batch_changed(
-    name: str, role: WorkerConfig, world: int, record: dict[str, Any], directory: Path
+    name: str, role: WorkerConfig, world: int, saved: int | None, directory: Path
 ) -> None:
     """Warn, naming the override that keeps it, when an optimizer step of this run would take
     other than the saved run's rows: the usual slip of a resume on another number of ranks
     (each rank's per_device_train_batch_size x gradient_accumulation_steps stays, so 2 ranks ->
     1 halves it and each train step then makes two optimizer steps, consuming the LR schedule
-    twice as fast). A warning, not an error: a smaller batch may be the point of the change."""
-    saved = record.get("train_batch_size")
+    twice as fast). A warning, not an error: a smaller batch may be the point of the change.
+    ``saved``: the checkpoint's rows per optimizer step (None: a record from before them)."""
     args = role.training_args
     rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
     if saved is None or saved == rows:
