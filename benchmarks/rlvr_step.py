@@ -8,7 +8,9 @@
 For each model the pipeline (Ray, DeepSpeed ZeRO-3 LoRA trainer ranks, vLLM, reward actors) is
 started once, a warm-up step is dropped, and the median of the remaining steps is reported for
 every phase (sync, rollout, logprobs, advantage, train) with generated tokens per second of
-the whole step (end to end). The ~20M model
+the whole step (end to end), and the mean of the timed steps' ``perf/*`` metrics: the trainer's
+TFLOP/s per rank and MFU, and the engines' generated tokens per second of generation
+(``perf/generate_tokens_per_s``; async runs: per second waited for). The ~20M model
 is a randomly initialised Qwen2 built locally with the embedded tokenizer (quality is irrelevant
 to timing); its responses run to the full response length.
 """
@@ -26,6 +28,9 @@ MODELS = ("embedded", "qwen2-20m")  # accepted by --models, see model_overrides
 # "rollout" is generation plus reward scoring, also reported apart. Under async_generation
 # "rollout_generate" is only the part of generation the step waited for, and "rollout_wait"
 # (mode batch) the wait for the steps in flight before the step's sync.
+# The per-step ``perf/*`` metrics kept as the timed steps' mean (docs/quickstart.md says what each
+# is); a JSON written before they were recorded lacks ``mean_perf``.
+PERF = ("perf/tflops", "perf/mfu", "perf/peak_tflops", "perf/generate_tokens_per_s")
 PHASES = (
     "sync",
     "rollout",
@@ -141,15 +146,32 @@ def bench(name: str, overrides: list[str], steps: int, out_dir: Path) -> dict:
         "sync_bytes": statistics.median(r["sync/bytes"] for r in timed),
         "sync_transfer_s": statistics.median(r["sync/seconds"] for r in timed),
         "sync_parity_s": statistics.median(r.get("sync/parity_seconds", 0.0) for r in timed),
+        "mean_perf": mean_perf(timed),
+    }
+
+
+def mean_perf(rows: list[dict]) -> dict[str, float]:
+    """The mean over ``rows`` of each ``PERF`` metric they all carry (``perf/mfu`` -> ``mfu``):
+    a mean, not a median, so that it is the figure of the run's total work."""
+    return {
+        key.removeprefix("perf/"): statistics.fmean(r[key] for r in rows)
+        for key in PERF
+        if rows and all(key in r for r in rows)
     }
 
 
 def result_line(r: dict) -> str:
     """One result's medians on a line: start-up, each phase, generated tokens/s."""
     phases = "  ".join(f"{p} {r['median_s'][p]:.2f}s" for p in PHASES)
+    perf = r.get("mean_perf", {})
+    train = (
+        f" | train {perf['tflops']:.3g} TFLOP/s per rank, MFU {perf['mfu']:.1%}"
+        if "mfu" in perf
+        else ""
+    )
     return (
         f"start {r['start_s']:.1f}s | {phases} | {r['generated_tokens_per_s']:.0f} generated "
-        f"tok/s ({r['generated_tokens_per_step']:.0f} tok/step)"
+        f"tok/s ({r['generated_tokens_per_step']:.0f} tok/step){train}"
     )
 
 

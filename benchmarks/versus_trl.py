@@ -9,8 +9,9 @@
 
 Each run is its own process (``rlvr_step.py`` for ours, ``trl_grpo_step.py`` for TRL), one after
 the other, so they share the box but never run at the same time. Prints, per model, the median
-step time, generated tokens/s and samples/s of every run with the phase split, and each of ours
-as a speed-up over TRL's best thread setting (> 1: roll_ds is faster); writes all of it as JSON.
+step time, generated tokens/s, samples/s and (ours) the trainer's mean MFU of every run with the
+phase split, and each of ours as a speed-up over TRL's best thread setting (> 1: roll_ds is
+faster); writes all of it as JSON.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def table(model: str, results: list[dict]) -> str:
     best = min(peers, key=step_s) if peers else None
     lines = [
         f"\n{model}: median s/step; phases generate / logprobs / train / sync",
-        f"{'run':22s} {'step s':>7s} {'tok/s':>7s} {'samples/s':>9s}  phases"
+        f"{'run':22s} {'step s':>7s} {'tok/s':>7s} {'samples/s':>9s} {'MFU':>6s}  phases"
         + (f"   x vs {best['who']}" if best else ""),
     ]
     for r in results:
@@ -97,8 +98,12 @@ def table(model: str, results: list[dict]) -> str:
         median["sync"] = median.get("sync", 0.0) + median.get("sync_after", 0.0)
         phases = " / ".join(f"{median.get(p, 0.0):.2f}" for p in PHASES)
         ratio = f"   {step_s(best) / step_s(r):.2f}x" if best and r is not best else ""
+        # the trainer's mean MFU (rlvr_step.py's mean_perf); TRL's runs report none
+        mfu = r.get("mean_perf", {}).get("mfu")
+        mfu_cell = f"{mfu:6.1%}" if mfu is not None else f"{'-':>6s}"
         lines.append(
-            f"{r['who']:22s} {step_s(r):7.2f} {tokens_s:7.0f} {samples_s:9.1f}  {phases}{ratio}"
+            f"{r['who']:22s} {step_s(r):7.2f} {tokens_s:7.0f} {samples_s:9.1f} {mfu_cell}  "
+            f"{phases}{ratio}"
         )
     return "\n".join(lines)
 

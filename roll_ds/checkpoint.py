@@ -41,9 +41,10 @@ code.
 
 A trained role's engine directory (``actor_train/engine/``) holds ``engine.json``, the record a
 train strategy writes beside its files (``ENGINE_RECORD``): ``world_size`` and ``dp_world_size``
-of the engine that saved it and the ``files`` its ranks wrote, so the driver tells a partial
-checkpoint, and a resume on another data-parallel size, before any actor starts. A backend adds
-its own keys (DeepSpeed: ``zero_stage``).
+of the engine that saved it, the rows of its optimizer steps (``train_batch_size``, all ranks
+together) and the ``files`` its ranks wrote, so the driver tells a partial checkpoint, and a
+resume on another data-parallel size or batch, before any actor starts. A backend adds its own
+keys (DeepSpeed: ``zero_stage``).
 """
 
 from __future__ import annotations

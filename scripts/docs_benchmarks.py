@@ -152,6 +152,16 @@ README_SPEED = [  # (file, the row's label)
 ]
 
 
+def _perf(run: dict) -> tuple[str, str]:
+    """The run's train TFLOP/s per rank with its MFU, and its engines' generated tokens per
+    second of generation: rlvr_step.py's ``mean_perf``, or "—" in a JSON written before it
+    recorded them (the README's command below re-measures)."""
+    perf = run.get("mean_perf", {})
+    train = f"{perf['tflops']:.3g} ({perf['mfu']:.1%})" if "mfu" in perf else "—"
+    generate = f"{perf['generate_tokens_per_s']:.0f}" if "generate_tokens_per_s" in perf else "—"
+    return train, generate
+
+
 def readme_speed() -> str:
     rows = []
     for name, label in README_SPEED:
@@ -165,9 +175,17 @@ def readme_speed() -> str:
                 f"{_s(sync)} s ({_x(trl / sync)})",
                 f"{_s(stream)} s ({_x(trl / stream)})",
                 f"{_s(trl)} s",
+                *_perf(runs["roll_ds sync"]),
             ]
         )
-    header = ["model", "roll_ds, default", "roll_ds, stream k=2", "TRL GRPOTrainer, 2 threads"]
+    header = [
+        "model",
+        "roll_ds, default",
+        "roll_ds, stream k=2",
+        "TRL GRPOTrainer, 2 threads",
+        "default: train TFLOP/s per rank (MFU)",
+        "default: generated tokens/s",
+    ]
     return _table(header, rows)
 
 

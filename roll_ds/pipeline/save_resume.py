@@ -26,7 +26,7 @@ from roll_ds.checkpoint import (
     restore_rng_state,
 )
 from roll_ds.config.role_placement import placement
-from roll_ds.config.schema import RLVRConfig
+from roll_ds.config.schema import RLVRConfig, WorkerConfig
 from roll_ds.data.sampler import PromptSampler
 from roll_ds.export import ExportInfo
 from roll_ds.pipeline.model_roles import TrainingRole
@@ -130,6 +130,8 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
                 f"resume_from_checkpoint: {directory} was saved on {saved} {name} ranks and "
                 f"this run has {world}: {record['not_resizable']}"
             )
+        saved_rows = record.get("train_batch_size")
+        _warn_if_batch_changed(name, getattr(cfg, name), world, saved_rows, directory)
         if resized:
             logger.info(
                 "resume_from_checkpoint: %s was saved on %d %s ranks and resumes on %d: its "
@@ -140,3 +142,39 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
                 world,
             )
     return path
+
+
+def _warn_if_batch_changed(
+    name: str, role: WorkerConfig, world: int, saved: int | None, directory: Path
+) -> None:
+    """Warn, naming the override that keeps it, when an optimizer step of this run would take
+    other than the saved run's rows: the usual slip of a resume on another number of ranks
+    (each rank's per_device_train_batch_size x gradient_accumulation_steps stays, so 2 ranks ->
+    1 halves it and each train step then makes two optimizer steps, consuming the LR schedule
+    twice as fast). A warning, not an error: a smaller batch may be the point of the change.
+    ``saved``: the checkpoint's rows per optimizer step (None: a record from before them)."""
+    args = role.training_args
+    rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+    if saved is None or saved == rows:
+        return
+    per_rank = args.per_device_train_batch_size * world
+    keep = (
+        f"set {name}.training_args.gradient_accumulation_steps={saved // per_rank} to keep it"
+        if saved % per_rank == 0
+        else f"choose {name}.training_args.per_device_train_batch_size and "
+        f"gradient_accumulation_steps whose product x {world} ranks is {saved} to keep it"
+    )
+    logger.warning(
+        "resume_from_checkpoint: %s took optimizer steps of %d rows (all ranks together); this "
+        "run's %s takes %d (%d ranks x per_device_train_batch_size %d x "
+        "gradient_accumulation_steps %d), so it does not continue the saved run's optimization: "
+        "%s",
+        directory,
+        saved,
+        name,
+        rows,
+        world,
+        args.per_device_train_batch_size,
+        args.gradient_accumulation_steps,
+        keep,
+    )

@@ -59,6 +59,8 @@ def save_engine_checkpoint(
             "zero_stage": engine.zero_optimization_stage(),
             "world_size": engine.world_size,
             "dp_world_size": engine.dp_world_size,
+            # micro x accumulation x data-parallel ranks: what a resume must keep (save_resume)
+            "train_batch_size": engine.train_batch_size(),
             "files": sorted(f for f in os.listdir(directory) if f.endswith(".pt")),
         }
         if engine.zero_optimization_stage() == 3:

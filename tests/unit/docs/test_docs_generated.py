@@ -21,3 +21,21 @@ def test_a_number_edited_by_hand_is_rendered_back():
 def test_every_page_has_its_blocks():
     for page in PAGES:
         render_page(page, (ROOT / page).read_text())  # raises naming a missing block
+
+
+def test_speed_table_perf_cells_from_rlvr_steps_means():
+    """The README speed table's train TFLOP/s (MFU) and generation cells come from the default
+    run's ``mean_perf`` (benchmarks/rlvr_step.py), "—" in a result written before it."""
+    from benchmarks.rlvr_step import mean_perf
+    from scripts.docs_benchmarks import _perf
+
+    rows = [
+        {"perf/tflops": 0.002, "perf/mfu": 0.03, "perf/generate_tokens_per_s": 100.0},
+        {"perf/tflops": 0.004, "perf/mfu": 0.05, "perf/generate_tokens_per_s": 300.0},
+    ]
+    perf = mean_perf(rows)
+    assert perf == {"tflops": 0.003, "mfu": 0.04, "generate_tokens_per_s": 200.0}
+    assert _perf({"mean_perf": perf}) == ("0.003 (4.0%)", "200")
+    assert _perf({}) == ("—", "—")
+    # a metric one step lacks (a step that trained nothing) is left out, not averaged short
+    assert "mfu" not in mean_perf([rows[0], {"perf/generate_tokens_per_s": 1.0}])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from roll_ds.checkpoint import CheckpointManager, write_engine_record
-from roll_ds.config.schema import RLVRConfig, WorkerConfig
+from roll_ds.config.schema import RLVRConfig, TrainingArgs, WorkerConfig
 from roll_ds.pipeline.save_resume import ENGINE_TAG, check_resume
 
 SHARDS = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
@@ -32,8 +32,9 @@ def _checkpoint(root: Path, *, saved_ranks: int = 2, record: bool = True, **extr
     return manager.commit(partial, {"step": 3})
 
 
-def _cfg(path: Path | str, world: int) -> RLVRConfig:
-    actor = WorkerConfig(device_mapping=list(range(world)))
+def _cfg(path: Path | str, world: int, micro: int = 8, accumulation: int = 1) -> RLVRConfig:
+    args = TrainingArgs(per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation)
+    actor = WorkerConfig(device_mapping=list(range(world)), training_args=args)
     return RLVRConfig(resume_from_checkpoint=str(path), actor_train=actor)
 
 
@@ -83,3 +84,29 @@ def test_checkpoint_without_record_is_left_to_its_strategy(tmp_path):
 def test_engine_record_round_trip(tmp_path):
     write_engine_record(tmp_path, {"files": ["a.pt"], "world_size": 2})
     assert json.loads((tmp_path / "engine.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("world", "micro", "accumulation", "fix"),
+    [
+        (2, 8, 1, None),  # the saving run's own batch
+        (1, 8, 2, None),  # 2 ranks -> 1 with twice the accumulation: the same 16 rows
+        (1, 16, 1, None),
+        (1, 8, 1, "set actor_train.training_args.gradient_accumulation_steps=2 to keep it"),
+        (4, 8, 1, "whose product x 4 ranks is 16"),  # no whole accumulation keeps it
+    ],
+)
+def test_a_resume_that_changes_the_optimizer_batch_warns_naming_the_fix(
+    tmp_path, caplog, world, micro, accumulation, fix
+):
+    """Saved on 2 ranks of 8 rows: 16 rows an optimizer step."""
+    path = _checkpoint(tmp_path, train_batch_size=16)
+    cfg = _cfg(path, world, micro, accumulation)
+    with caplog.at_level(logging.WARNING, logger="roll_ds.pipeline.save_resume"):
+        check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if fix is None:
+        assert warned == []
+    else:
+        [message] = warned
+        assert "optimizer steps of 16 rows" in message and fix in message, message
