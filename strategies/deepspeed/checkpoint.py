@@ -59,6 +59,9 @@ def save_engine_checkpoint(
             "zero_stage": engine.zero_optimization_stage(),
             "world_size": engine.world_size,
             "dp_world_size": engine.dp_world_size,
+            # the global batch a resume on another size keeps (roll_ds.pipeline.resume_batch)
+            "per_device_train_batch_size": engine.train_micro_batch_size_per_gpu(),
+            "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
             "files": sorted(f for f in os.listdir(directory) if f.endswith(".pt")),
         }
         write_engine_record(directory, layout)
