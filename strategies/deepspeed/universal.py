@@ -17,11 +17,11 @@ padding included) but leaves two things wrong, which ``repair_stage3_load`` puts
 load:
 
 - one ``step`` tensor for every sub-group: it reads ``state[0]['step']`` once and assigns that
-  same tensor to each sub-group's state; torch's AdamW (and DeepSpeedCPUAdam) increment it in
-  place, once per sub-group per optimizer step, so the second group (biases and norms) stepped
-  with t = 3 where the run had t = 2: Adam's bias correction sqrt(1 - b2^t) / (1 - b1^t) is
-  0.858 of the right one, the "14% short" step the first version measured (and refused ZeRO-3
-  for). Each sub-group gets its own copy;
+  same tensor to each sub-group's state; torch's AdamW increments it in place (so would
+  DeepSpeedCPUAdam's ``+= 1`` on a tensor step), once per sub-group per optimizer step, so
+  the second group (biases and norms) stepped with t = 3 where the run had t = 2: Adam's bias
+  correction sqrt(1 - b2^t) / (1 - b1^t) is 0.858 of the right one, the "14% short" step the
+  first version measured (and refused ZeRO-3 for). Each sub-group gets its own copy;
 - the first group's hyperparameters for every group (``param_groups[0]``), so the
   no-decay group (biases, norms: ``optimizer.param_groups``) would take the matrices'
   ``weight_decay``. Each group gets its own saved values back, as stages 1-2 do.

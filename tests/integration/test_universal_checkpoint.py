@@ -51,6 +51,9 @@ def _strategy(model_path: str, key: str, world: int, seed: int = 0):
         gradient_accumulation_steps=GLOBAL_ROWS // (MICRO * world),
         warmup_steps=1,
         lr_scheduler_type="cosine",
+        # decay on the matrices only: a load that gave the biases and norms the matrices'
+        # hyperparameters (DeepSpeed's stage-3 universal load does) moves them 1e-4 more
+        weight_decay=0.1,
         max_steps=4,
         **extra,
     )
