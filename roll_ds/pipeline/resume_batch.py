@@ -40,6 +40,7 @@ def keep_global_batch(name: str, role: Any, record: dict[str, Any], world: int) 
     field = f"{name}.training_args"
     kept = (micro, accum) == (saved_micro, saved_accum)
     if kept and saved % (micro * world) == 0:
+        _require_auto(name, role)
         args.gradient_accumulation_steps = saved // (micro * world)
         logger.info(
             "resume_from_checkpoint: %s.gradient_accumulation_steps %d -> %d, keeping the "
@@ -60,6 +61,24 @@ def keep_global_batch(name: str, role: Any, record: dict[str, Any], world: int) 
         f"run keeps the global batch (its LR schedule and step count assume it). "
         f"{_fix(field, saved, micro, world)}"
     )
+
+
+def _require_auto(name: str, role: Any) -> None:
+    """The DeepSpeed JSON must take the batch sizes from the training args ("auto", as every
+    preset does): a number there would disagree with the rescaled accumulation inside a worker
+    (``roll_ds.config.deepspeed.build_deepspeed_config``); said here, before any starts."""
+    ds = getattr(role.strategy_args, "strategy_config", None) or {}
+    fixed = [
+        key
+        for key in ("gradient_accumulation_steps", "train_batch_size")
+        if key in ds and ds[key] != "auto"
+    ]
+    if fixed:
+        raise ValueError(
+            f"resume_from_checkpoint: keeping {name}'s global batch on another world size "
+            f"rescales {name}.training_args.gradient_accumulation_steps, but "
+            f"{name}.strategy_args.strategy_config sets {', '.join(fixed)}: set them to auto"
+        )
 
 
 def _fix(field: str, saved: int, micro: int, world: int) -> str:

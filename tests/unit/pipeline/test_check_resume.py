@@ -115,6 +115,18 @@ def test_gradient_accumulation_keeps_the_global_batch(
     assert ("keeping the global batch of" in caplog.text) == (rescaled != accum), caplog.text
 
 
+def test_rescaling_needs_the_deepspeed_batch_sizes_on_auto(tmp_path):
+    """A number in the DeepSpeed JSON would disagree with the rescaled GA inside a worker."""
+    path = _checkpoint(tmp_path)
+    cfg = _cfg(path, 1)
+    cfg.actor_train.strategy_args.strategy_config = {"gradient_accumulation_steps": 1}
+    with pytest.raises(ValueError, match=r"strategy_config sets gradient_accumulation_steps: set"):
+        check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    cfg.actor_train.strategy_args.strategy_config = {"gradient_accumulation_steps": "auto"}
+    check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    assert _accum(cfg) == 2
+
+
 def test_config_giving_the_saved_global_batch_is_left_alone(tmp_path):
     """Saved on 2 ranks as 2 x 1 rows; on 1 rank the user set 4 x 1 themselves."""
     path = _checkpoint(tmp_path)
