@@ -26,25 +26,28 @@ LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-5
 ZERO3 = {"stage3_param_persistence_threshold": 0}
 
 
-# name -> (preset stage, LoRA, strategy_config extras). A LoRA ZeRO-3 preset keeps the small
-# frozen base whole and trains the adapter at stage 1 by default (roll_ds/config/deepspeed.py).
+# name -> (preset stage, LoRA, strategy_config extras, zero_optimization extras). A LoRA ZeRO-3
+# preset keeps the small frozen base whole and trains the adapter at stage 1 by default
+# (roll_ds/config/deepspeed.py). sub_group_size 2000 cuts each parameter group into several
+# sub-groups (each its own flat partition and Adam state), as a model of billions does.
 COMBOS = {
-    "z2_full": (2, False, {}),
-    "z2_lora": (2, True, {}),
-    "z3_full": (3, False, {}),
-    "z3_lora": (3, True, {}),
-    "z3_lora_adapter3": (3, True, {"zero3_adapter_stage": 3}),
+    "z2_full": (2, False, {}, {}),
+    "z2_lora": (2, True, {}, {}),
+    "z3_full": (3, False, {}, {}),
+    "z3_full_subgroups": (3, False, {}, {"sub_group_size": 2000}),
+    "z3_lora": (3, True, {}, {}),
+    "z3_lora_adapter3": (3, True, {"zero3_adapter_stage": 3}, {}),
 }
 
 
 def _strategy(model_path: str, key: str, world: int, seed: int = 0):
-    stage, lora, ds_extra = COMBOS[key]
+    stage, lora, ds_extra, zero = COMBOS[key]
     extra = dict(lora_rank=4, lora_dropout=0.0) if lora else {}
     return make_strategy(
         model_path,
         stage,
         seed=seed,
-        zero=ZERO3 if stage == 3 else None,
+        zero={**ZERO3, **zero} if stage == 3 else None,
         ds_extra=ds_extra,
         per_device_train_batch_size=MICRO,
         # the same global batch, one optimizer step, on either size
