@@ -9,7 +9,9 @@ layout, rotation and ``best`` are ``roll_ds.checkpoint``'s.
 the files their engine records (``engine.json``) list must be there, so a partial copy fails
 naming what it lacks instead of inside a worker. A role resumed on another data-parallel size
 than it was saved on is loaded by its strategy from a universal checkpoint, converted once
-(DeepSpeed: ``strategies/deepspeed/universal.py``); that needs every saved rank's shard.
+(DeepSpeed: ``strategies/deepspeed/universal.py``); that needs every saved rank's shard, and
+keeps the role's global batch (``resume_batch``: ``gradient_accumulation_steps`` rescaled, or a
+clear error).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from roll_ds.checkpoint import (
     read_engine_record,
     restore_rng_state,
 )
+from roll_ds.config.checks.pipeline import train_batch_problems
 from roll_ds.config.role_placement import placement
-from roll_ds.config.schema import RLVRConfig, WorkerConfig
+from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.sampler import PromptSampler
 from roll_ds.export import ExportInfo
 from roll_ds.pipeline.model_roles import TrainingRole
+from roll_ds.pipeline.resume_batch import keep_global_batch
 from roll_ds.pipeline.rollout_queue import RolloutQueue
 from roll_ds.tracking import ROLLOUTS_FILE, truncate_jsonl_after
 
@@ -98,7 +102,9 @@ def resume_run(
 
 def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequence[str]) -> Path:
     """The checkpoint ``cfg.resume_from_checkpoint`` names, checked before any actor starts:
-    every trained role's engine directory with every file its record lists. Returns it."""
+    every trained role's engine directory with every file its record lists. A role resumed on
+    another size gets the ``gradient_accumulation_steps`` that keeps its global batch (``cfg``
+    is changed in place). Returns the checkpoint's path."""
     assert cfg.resume_from_checkpoint, "only a resuming run is checked"
     path = checkpoints.resolve(cfg.resume_from_checkpoint)
     for name in roles:
@@ -112,8 +118,11 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
         if record is None:  # an older checkpoint: its strategy checks what it loads
             continue
         saved = record.get("dp_world_size")
-        world = placement(name, getattr(cfg, name)).world_size
-        resized = saved is not None and saved != world
+        role = getattr(cfg, name)
+        world = placement(name, role).world_size
+        # Ulysses ranks share a sample: the data-parallel size is what the partitions follow
+        dp = world // max(1, getattr(role, "sequence_parallel_size", 1))
+        resized = saved is not None and saved != dp
         missing = missing_engine_files(directory, record)
         if missing:
             fix = (
@@ -125,56 +134,18 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
                 f"resume_from_checkpoint: {directory} lacks {', '.join(missing)}, which its "
                 f"{name} engine wrote (a partial copy?); {fix}Resume from a complete checkpoint"
             )
-        if resized and record.get("not_resizable"):
-            raise ValueError(
-                f"resume_from_checkpoint: {directory} was saved on {saved} {name} ranks and "
-                f"this run has {world}: {record['not_resizable']}"
-            )
-        saved_rows = record.get("train_batch_size")
-        _warn_if_batch_changed(name, getattr(cfg, name), world, saved_rows, directory)
         if resized:
             logger.info(
-                "resume_from_checkpoint: %s was saved on %d %s ranks and resumes on %d: its "
-                "strategy loads it as a universal checkpoint (converted once, kept beside it)",
+                "resume_from_checkpoint: %s was saved on %d %s data-parallel ranks and resumes "
+                "on %d: its strategy loads it as a universal checkpoint (converted once, kept "
+                "beside it)",
                 path,
                 saved,
                 name,
-                world,
+                dp,
             )
+            keep_global_batch(name, role, record, world)
+            problems = train_batch_problems(cfg, name, placement(name, role))
+            if problems:  # the rescaled batch must still cut a step's samples evenly
+                raise ValueError(f"resume_from_checkpoint: {'; '.join(problems)}")
     return path
-
-
-def _warn_if_batch_changed(
-    name: str, role: WorkerConfig, world: int, saved: int | None, directory: Path
-) -> None:
-    """Warn, naming the override that keeps it, when an optimizer step of this run would take
-    other than the saved run's rows: the usual slip of a resume on another number of ranks
-    (each rank's per_device_train_batch_size x gradient_accumulation_steps stays, so 2 ranks ->
-    1 halves it and each train step then makes two optimizer steps, consuming the LR schedule
-    twice as fast). A warning, not an error: a smaller batch may be the point of the change.
-    ``saved``: the checkpoint's rows per optimizer step (None: a record from before them)."""
-    args = role.training_args
-    rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
-    if saved is None or saved == rows:
-        return
-    per_rank = args.per_device_train_batch_size * world
-    keep = (
-        f"set {name}.training_args.gradient_accumulation_steps={saved // per_rank} to keep it"
-        if saved % per_rank == 0
-        else f"choose {name}.training_args.per_device_train_batch_size and "
-        f"gradient_accumulation_steps whose product x {world} ranks is {saved} to keep it"
-    )
-    logger.warning(
-        "resume_from_checkpoint: %s took optimizer steps of %d rows (all ranks together); this "
-        "run's %s takes %d (%d ranks x per_device_train_batch_size %d x "
-        "gradient_accumulation_steps %d), so it does not continue the saved run's optimization: "
-        "%s",
-        directory,
-        saved,
-        name,
-        rows,
-        world,
-        args.per_device_train_batch_size,
-        args.gradient_accumulation_steps,
-        keep,
-    )

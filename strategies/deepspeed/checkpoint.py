@@ -59,12 +59,11 @@ def save_engine_checkpoint(
             "zero_stage": engine.zero_optimization_stage(),
             "world_size": engine.world_size,
             "dp_world_size": engine.dp_world_size,
-            # micro x accumulation x data-parallel ranks: what a resume must keep (save_resume)
-            "train_batch_size": engine.train_batch_size(),
+            # the global batch a resume on another size keeps (roll_ds.pipeline.resume_batch)
+            "per_device_train_batch_size": engine.train_micro_batch_size_per_gpu(),
+            "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
             "files": sorted(f for f in os.listdir(directory) if f.endswith(".pt")),
         }
-        if engine.zero_optimization_stage() == 3:
-            layout["not_resizable"] = universal.ZERO3_REFUSAL
         write_engine_record(directory, layout)
     barrier()
 
@@ -112,6 +111,8 @@ def load_engine_checkpoint(engine: Any, path: str, tag: str, *, rank: int, is_lo
         )
     if load_path is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint {load_tag!r} under {path}")
+    if resized and engine.zero_optimization_stage() == 3:
+        universal.repair_stage3_load(engine, path, load_tag)
     rng_file = rng_path(path, tag, rank)
     if resized and not os.path.isfile(rng_file):  # a new rank: rank 0's (module docstring)
         rng_file = rng_path(path, tag, 0)
@@ -123,11 +124,6 @@ def _universal_tag(engine: Any, record: dict[str, Any], path: str, tag: str, *, 
     """The tag of ``path/tag`` as a universal checkpoint (converted unless it was before),
     after checking the saved ranks' files are all there."""
     saved, now = record["dp_world_size"], engine.dp_world_size
-    if engine.zero_optimization_stage() == 3:
-        raise ValueError(
-            f"{os.path.join(path, tag)} was saved on {saved} ranks and this engine has {now}: "
-            f"{universal.ZERO3_REFUSAL}"
-        )
     missing = missing_engine_files(os.path.join(path, tag), record)
     if missing:
         raise FileNotFoundError(

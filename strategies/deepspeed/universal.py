@@ -10,13 +10,24 @@ The conversion runs once, on rank 0, into ``<tag>_universal`` beside the checkpo
 ``<tag>_universal.tmp`` and renamed, so a crash leaves no half-converted directory that a later
 resume would trust; a second resume on the new size finds it and converts nothing.
 
-ZeRO-3 is refused (``ZERO3_REFUSAL``): with DeepSpeed 0.19.8 the conversion and the load run, and
-the resumed step's loss equals the saving size's (the weights arrive), but the step it takes
-moves the biases and norms (the engine's second parameter group) 14% less than the
-uninterrupted run does (8.6e-4 against 1.0e-3 at lr 1e-3; the matrices agree to 4e-9:
-tests/integration/test_universal_checkpoint.py, 2 ranks -> 1, full fine-tuning), so part of the
-optimizer state does not survive the trip. A LoRA ZeRO-3 preset whose adapter trains at stage 1 or 2
-(``zero3_adapter_stage``, the default with a whole frozen base) is a stage-1/2 engine here.
+ZeRO-3 loads through DeepSpeed's stage-3 path
+(``load_hp_checkpoint_state_from_checkpoint_dir_stage3``, DeepSpeed 0.19.8), which restores
+every parameter and Adam moment exactly (each rank slices its partition of the merged tensors,
+padding included) but leaves two things wrong, which ``repair_stage3_load`` puts right after the
+load:
+
+- one ``step`` tensor for every sub-group: it reads ``state[0]['step']`` once and assigns that
+  same tensor to each sub-group's state; torch's AdamW increments it in place (so would
+  DeepSpeedCPUAdam's ``+= 1`` on a tensor step), once per sub-group per optimizer step, so
+  the second group (biases and norms) stepped with t = 3 where the run had t = 2: Adam's bias
+  correction sqrt(1 - b2^t) / (1 - b1^t) is 0.858 of the right one, the "14% short" step the
+  first version measured (and refused ZeRO-3 for). Each sub-group gets its own copy;
+- the first group's hyperparameters for every group (``param_groups[0]``), so the
+  no-decay group (biases, norms: ``optimizer.param_groups``) would take the matrices'
+  ``weight_decay``. Each group gets its own saved values back, as stages 1-2 do.
+
+A LoRA ZeRO-3 preset whose adapter trains at stage 1 or 2 (``zero3_adapter_stage``, the default
+with a whole frozen base) is a stage-1/2 engine here.
 """
 
 from __future__ import annotations
@@ -35,13 +46,6 @@ from strategies.deepspeed.zero import barrier
 logger = logging.getLogger(__name__)
 
 SUFFIX = "_universal"
-ZERO3_REFUSAL = (
-    "a ZeRO-3 checkpoint does not resume on another data-parallel size (DeepSpeed's universal "
-    "checkpoint loses part of its optimizer state: strategies/deepspeed/universal.py). Resume "
-    "it on the ranks it was saved on (the role's device_mapping / world_size), or train under "
-    "a ZeRO-2 preset (strategy_config), or with LoRA zero3_adapter_stage: 1 or 2, when the "
-    "size may change"
-)
 
 
 def universal_tag(tag: str) -> str:
@@ -108,6 +112,34 @@ def universal_loading(engine: Any) -> Iterator[None]:
         yield
     finally:
         config.load_universal_checkpoint = before
+
+
+def repair_stage3_load(engine: Any, path: str, tag: str) -> None:
+    """Undo what DeepSpeed's stage-3 universal load leaves wrong (the module docstring): give
+    every sub-group its own Adam ``step`` and every parameter group its own saved
+    hyperparameters. Call it right after ``engine.load_checkpoint`` of ``path/tag``."""
+    import torch
+
+    base = engine.optimizer.optimizer  # the torch (or DeepSpeed CPU) Adam under ZeRO-3's
+    for state in base.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].clone()
+    saved = _saved_param_groups(os.path.join(path, tag, "zero", "optimizer_state.pt"))
+    if len(saved) != len(base.param_groups):
+        raise ValueError(
+            f"{os.path.join(path, tag)} has {len(saved)} optimizer parameter groups and this "
+            f"engine {len(base.param_groups)}: resume with the settings it was saved under"
+        )
+    for group, values in zip(base.param_groups, saved, strict=True):
+        group.update({k: v for k, v in values.items() if k != "params"})
+
+
+def _saved_param_groups(optimizer_state: str) -> list[dict[str, Any]]:
+    import torch
+
+    # mmap: the file also holds rank 0's flat fp32 partition and moments, not needed here
+    state = torch.load(optimizer_state, map_location="cpu", weights_only=False, mmap=True)
+    return list(state["param_groups"])
 
 
 @contextlib.contextmanager

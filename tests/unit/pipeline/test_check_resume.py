@@ -1,6 +1,8 @@
 """check_resume: the driver reads a checkpoint before any actor starts. A complete one passes on
 its own size and on another (its strategy converts it then); a missing role directory or a
-shard its engine record lists but the directory lacks fails naming the field and the file."""
+shard its engine record lists but the directory lacks fails naming the field and the file. On
+another size the role keeps its global batch: gradient_accumulation_steps rescaled where it
+divides, a clear error naming the field where it does not."""
 
 from __future__ import annotations
 
@@ -11,13 +13,21 @@ from pathlib import Path
 import pytest
 
 from roll_ds.checkpoint import CheckpointManager, write_engine_record
-from roll_ds.config.schema import RLVRConfig, TrainingArgs, WorkerConfig
+from roll_ds.config.schema import RLVRConfig, WorkerConfig
 from roll_ds.pipeline.save_resume import ENGINE_TAG, check_resume
 
 SHARDS = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
 
 
-def _checkpoint(root: Path, *, saved_ranks: int = 2, record: bool = True, **extra: object) -> Path:
+def _checkpoint(
+    root: Path,
+    *,
+    saved_ranks: int = 2,
+    record: bool = True,
+    micro: int = 2,
+    accum: int = 1,
+    **extra: object,
+) -> Path:
     """A committed checkpoint whose actor_train engine was saved on ``saved_ranks`` ranks."""
     manager = CheckpointManager(root)
     partial = manager.begin(3)
@@ -27,29 +37,47 @@ def _checkpoint(root: Path, *, saved_ranks: int = 2, record: bool = True, **extr
     for name in files:
         (engine / name).write_bytes(b"x")
     if record:
-        sizes = {"world_size": saved_ranks, "dp_world_size": saved_ranks}
+        sizes = {
+            "world_size": saved_ranks,
+            "dp_world_size": saved_ranks,
+            "per_device_train_batch_size": micro,
+            "gradient_accumulation_steps": accum,
+        }
         write_engine_record(engine, {"zero_stage": 2, **sizes, "files": files, **extra})
     return manager.commit(partial, {"step": 3})
 
 
-def _cfg(path: Path | str, world: int, micro: int = 8, accumulation: int = 1) -> RLVRConfig:
-    args = TrainingArgs(per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation)
-    actor = WorkerConfig(device_mapping=list(range(world)), training_args=args)
-    return RLVRConfig(resume_from_checkpoint=str(path), actor_train=actor)
+def _cfg(path: Path | str, world: int, micro: int = 2, accum: int = 1) -> RLVRConfig:
+    actor = WorkerConfig(device_mapping=list(range(world)))
+    actor.training_args.per_device_train_batch_size = micro
+    actor.training_args.gradient_accumulation_steps = accum
+    # 2 prompts x 4 samples = 8 rows a step: whole optimizer steps of 4 rows on 1, 2 or 4 ranks
+    return RLVRConfig(
+        resume_from_checkpoint=str(path),
+        actor_train=actor,
+        rollout_batch_size=2,
+        num_return_sequences_in_group=4,
+    )
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
+def _accum(cfg: RLVRConfig) -> int:
+    return cfg.actor_train.training_args.gradient_accumulation_steps
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_complete_checkpoint_passes_on_any_size(tmp_path, world, caplog):
-    path = _checkpoint(tmp_path)
+    path = _checkpoint(tmp_path, accum=2)  # 2 x 2 x 2 = 8 rows a step: GA 4, 2, 1
+    cfg = _cfg(path, world, accum=2)
     with caplog.at_level(logging.INFO, logger="roll_ds.pipeline.save_resume"):
-        assert check_resume(_cfg(path, world), CheckpointManager(tmp_path), ["actor_train"]) == path
+        assert check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"]) == path
+    assert _accum(cfg) * world == 4
     converting = "universal checkpoint" in caplog.text
     assert converting == (world != 2), caplog.text
 
 
 def test_latest_resolves(tmp_path):
     path = _checkpoint(tmp_path)
-    assert check_resume(_cfg("latest", 1), CheckpointManager(tmp_path), ["actor_train"]) == path
+    assert check_resume(_cfg("latest", 2), CheckpointManager(tmp_path), ["actor_train"]) == path
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -63,11 +91,96 @@ def test_missing_shard_names_the_file(tmp_path, world):
     assert ("every saved rank's shard" in message) == (world == 1), message
 
 
-def test_engine_that_cannot_resize_is_refused_on_another_size(tmp_path):
+def test_zero3_refusal_of_older_records_no_longer_applies(tmp_path):
+    """Records written while ZeRO-3 was refused on another size carry ``not_resizable``; the
+    defect was in the load (strategies/deepspeed/universal.py), so those checkpoints resume."""
     path = _checkpoint(tmp_path, not_resizable="ZeRO-3 cannot; resume on 2 ranks")
-    assert check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"]) == path
-    with pytest.raises(ValueError, match=r"resume_from_checkpoint: .* 2 actor_train ranks .*"):
-        check_resume(_cfg(path, 1), CheckpointManager(tmp_path), ["actor_train"])
+    assert check_resume(_cfg(path, 1, accum=2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+@pytest.mark.parametrize(
+    ("saved_ranks", "accum", "world", "rescaled"),
+    [(2, 1, 1, 2), (4, 1, 2, 2), (1, 4, 2, 2), (1, 4, 4, 1), (2, 2, 2, 2)],
+)
+def test_gradient_accumulation_keeps_the_global_batch(
+    tmp_path, caplog, saved_ranks, accum, world, rescaled
+):
+    """The config keeps the saved per-rank settings: GA x world stays saved GA x saved world
+    (the last case is not resized: left alone)."""
+    path = _checkpoint(tmp_path, saved_ranks=saved_ranks, accum=accum)
+    cfg = _cfg(path, world, accum=accum)
+    with caplog.at_level(logging.INFO, logger="roll_ds.pipeline.resume_batch"):
+        check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    assert _accum(cfg) == rescaled
+    assert ("keeping the global batch of" in caplog.text) == (rescaled != accum), caplog.text
+
+
+def test_rescaling_needs_the_deepspeed_batch_sizes_on_auto(tmp_path):
+    """A number in the DeepSpeed JSON would disagree with the rescaled GA inside a worker."""
+    path = _checkpoint(tmp_path)
+    cfg = _cfg(path, 1)
+    cfg.actor_train.strategy_args.strategy_config = {"gradient_accumulation_steps": 1}
+    with pytest.raises(ValueError, match=r"strategy_config sets gradient_accumulation_steps: set"):
+        check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    cfg.actor_train.strategy_args.strategy_config = {"gradient_accumulation_steps": "auto"}
+    check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    assert _accum(cfg) == 2
+
+
+def test_config_giving_the_saved_global_batch_is_left_alone(tmp_path):
+    """Saved on 2 ranks as 2 x 1 rows; on 1 rank the user set 4 x 1 themselves."""
+    path = _checkpoint(tmp_path)
+    cfg = _cfg(path, 1, micro=4, accum=1)
+    check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    assert (cfg.actor_train.training_args.per_device_train_batch_size, _accum(cfg)) == (4, 1)
+
+
+def test_accumulation_that_does_not_divide_is_refused_naming_the_fix(tmp_path):
+    """Saved on 1 rank as 2 x 1 rows per step; on 2 ranks GA would be 1/2: set the micro batch
+    to 1 (2 rows a step = 1 x 1 x 2)."""
+    path = _checkpoint(tmp_path, saved_ranks=1)
+    cfg = _cfg(path, 2)
+    with pytest.raises(ValueError) as err:
+        check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    message = str(err.value)
+    assert "global batch of 2 rows" in message, message
+    fix = "per_device_train_batch_size: 1 and gradient_accumulation_steps: 1 (rows per rank"
+    assert f"Set actor_train.training_args.{fix}" in message, message
+    assert _accum(cfg) == 1  # nothing changed
+
+
+def test_changed_per_rank_settings_are_refused_with_the_value_that_keeps_the_batch(tmp_path):
+    """Saved on 2 ranks as 2 x 2 (8 rows); on 1 rank the user set GA 3 (6 rows): GA 4 keeps it."""
+    path = _checkpoint(tmp_path, accum=2)
+    with pytest.raises(ValueError, match=r"training_args.gradient_accumulation_steps: 4"):
+        check_resume(_cfg(path, 1, accum=3), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def test_global_batch_that_does_not_split_over_the_ranks_names_the_sizes(tmp_path):
+    """4 rows a step (saved on 2 ranks, 2 x 1) cannot split over 3 ranks."""
+    path = _checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=r"resume on a world size dividing 4 \(1, 2, 4\)"):
+        check_resume(_cfg(path, 3), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def test_rescaled_batch_must_still_cut_the_step_evenly(tmp_path):
+    """Saved on 4 ranks as 2 x 2 (16 rows a step): on 1 rank GA 8 keeps it, but this run's step
+    has 8 samples (2 x 4), fewer than one optimizer step: refused, naming the sizes."""
+    path = _checkpoint(tmp_path, saved_ranks=4, accum=2)
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint: rollout_batch_size"):
+        check_resume(_cfg(path, 1, accum=2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def test_record_without_batch_sizes_is_left_alone(tmp_path):
+    """A record written before the batch sizes were in it: the saved global batch is unknown."""
+    path = _checkpoint(tmp_path)
+    record = path / "actor_train" / ENGINE_TAG / "engine.json"
+    data = json.loads(record.read_text())
+    del data["per_device_train_batch_size"], data["gradient_accumulation_steps"]
+    record.write_text(json.dumps(data))
+    cfg = _cfg(path, 1)
+    check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    assert _accum(cfg) == 1
 
 
 def test_missing_role_directory(tmp_path):
@@ -84,29 +197,3 @@ def test_checkpoint_without_record_is_left_to_its_strategy(tmp_path):
 def test_engine_record_round_trip(tmp_path):
     write_engine_record(tmp_path, {"files": ["a.pt"], "world_size": 2})
     assert json.loads((tmp_path / "engine.json").read_text())["world_size"] == 2
-
-
-@pytest.mark.parametrize(
-    ("world", "micro", "accumulation", "fix"),
-    [
-        (2, 8, 1, None),  # the saving run's own batch
-        (1, 8, 2, None),  # 2 ranks -> 1 with twice the accumulation: the same 16 rows
-        (1, 16, 1, None),
-        (1, 8, 1, "set actor_train.training_args.gradient_accumulation_steps=2 to keep it"),
-        (4, 8, 1, "whose product x 4 ranks is 16"),  # no whole accumulation keeps it
-    ],
-)
-def test_a_resume_that_changes_the_optimizer_batch_warns_naming_the_fix(
-    tmp_path, caplog, world, micro, accumulation, fix
-):
-    """Saved on 2 ranks of 8 rows: 16 rows an optimizer step."""
-    path = _checkpoint(tmp_path, train_batch_size=16)
-    cfg = _cfg(path, world, micro, accumulation)
-    with caplog.at_level(logging.WARNING, logger="roll_ds.pipeline.save_resume"):
-        check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    if fix is None:
-        assert warned == []
-    else:
-        [message] = warned
-        assert "optimizer steps of 16 rows" in message and fix in message, message
