@@ -9,8 +9,9 @@ Built from the role's composed ``strategy_config`` (a DeepSpeed JSON whose ``"au
 holds the engine and delegates each job to its module in this package: ``loading`` (seeds,
 DeepSpeed config, model), ``optimizer`` (AdamW, LR schedule, ``deepspeed.initialize``),
 ``step`` (the pieces of a train step), ``old_logprobs`` (a train step that fills in the
-batch's old log-probs), ``export``, ``checkpoint``, ``offload`` and ``sequence_parallel``
-(Ulysses: ``sequence_parallel_size`` ranks share each micro-batch's columns).
+batch's old log-probs), ``weights_out`` (sync buckets, HF export), ``checkpoint``, ``offload``
+and ``sequence_parallel`` (Ulysses: ``sequence_parallel_size`` ranks share each micro-batch's
+columns).
 
 Every public method is collective: all ranks of the data-parallel group call it together, with
 the same number of micro batches.
@@ -23,7 +24,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -31,16 +32,10 @@ import torch
 from roll_ds.config.deepspeed import zero_stage
 from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
 from roll_ds.models.loading import resolve_model_path
-from roll_ds.models.weights import (
-    adapter_config,
-    iter_adapter_buckets,
-    iter_weight_buckets,
-    sync_numels,
-)
 from roll_ds.perf import TrainPerf
 from roll_ds.strategy import StrategyContext
 from strategies import _common
-from strategies.deepspeed import checkpoint, export, offload
+from strategies.deepspeed import checkpoint, offload
 from strategies.deepspeed.loading import build_train_ds_config, load_train_model, seed_everything
 from strategies.deepspeed.old_logprobs import OldLogprobs
 from strategies.deepspeed.optimizer import build_engine
@@ -55,6 +50,7 @@ from strategies.deepspeed.step import (
     loss_scale_metrics,
     micro_batch_plan,
 )
+from strategies.deepspeed.weights_out import WeightsOut
 from strategies.deepspeed.zero import batched_forward, plain_strategy_config, release_zero3_params
 
 logger = logging.getLogger(__name__)
@@ -62,7 +58,7 @@ logger = logging.getLogger(__name__)
 HEADS = ("lm", "value")
 
 
-class DeepSpeedTrainStrategy:
+class DeepSpeedTrainStrategy(WeightsOut):
     def __init__(
         self,
         *,
@@ -408,60 +404,6 @@ class DeepSpeedTrainStrategy:
         finally:
             self.engine.train(was_training)
             release_zero3_params(self.engine)
-
-    # -----------------------------------------------------------------------------------------
-    # weights out
-
-    def named_weights_for_sync(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Full weights under HF names in buckets of at most ``bucket_bytes`` (every rank gets
-        every bucket); LoRA merged, a tied embedding also as ``lm_head.weight``."""
-        self._require_head("lm", "weight sync")
-        release_zero3_params(self.engine)
-        return iter_weight_buckets(self.module, bucket_bytes)
-
-    def adapter_buckets_for_sync(
-        self, bucket_bytes: int
-    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The LoRA adapter alone (``weight_sync.lora_sync: adapter``), under the names peft
-        saves it with, in buckets of at most ``bucket_bytes``: the rollout engine keeps the
-        frozen base weights it loaded and serves base + adapter."""
-        self._require_head("lm", "weight sync")
-        if not self.is_lora:
-            raise ValueError(
-                "weight_sync.lora_sync=adapter needs a LoRA policy (actor_train.model_args."
-                "lora_rank); use lora_sync=merged for full fine-tuning"
-            )
-        release_zero3_params(self.engine)
-        return iter_adapter_buckets(self.module, bucket_bytes)
-
-    def adapter_config(self) -> dict[str, Any]:
-        """The policy's peft ``LoraConfig`` as ``adapter_config.json`` content."""
-        return adapter_config(self.module)
-
-    def sync_numels(self, adapter_only: bool) -> dict[torch.dtype, int]:
-        """Elements by dtype a sync sends (the weight sync's bound scales with its bytes)."""
-        return sync_numels(self.module, adapter_only=adapter_only)
-
-    def export_hf(
-        self,
-        path: str,
-        *,
-        merged: bool = True,
-        max_shard_bytes: int = 5 * 2**30,
-    ) -> dict[str, str]:
-        """Write an HF model directory (``export.export_hf``); under LoRA also ``path/adapter``,
-        and ``merged=False`` then skips the full weights. Rank 0 writes; every rank joins the
-        gathers."""
-        return export.export_hf(
-            self.engine,
-            self.module,
-            path,
-            source_dir=self.model_path,
-            is_lora=self.is_lora,
-            is_writer=self.rank == 0,
-            merged=merged,
-            max_shard_bytes=max_shard_bytes,
-        )
 
     # -----------------------------------------------------------------------------------------
     # checkpoints
