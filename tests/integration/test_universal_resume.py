@@ -61,12 +61,13 @@ def _straight_and_resumed(
     assert result.returncode == 0, result.stderr[-4000:]
     checkpoint = straight / EXP / "checkpoints" / SAVED
     record = json.loads((checkpoint / "actor_train" / "engine" / "engine.json").read_text())
-    assert (record["dp_world_size"], record["train_batch_size"]) == (saved_ranks, 16)
+    rows = record["per_device_train_batch_size"] * record["gradient_accumulation_steps"]
+    assert (record["dp_world_size"], rows * saved_ranks) == (saved_ranks, 16)
     result = run(resumed, *COMMON, *extra, *resuming, f"resume_from_checkpoint={checkpoint}")
     assert result.returncode == 0, result.stderr[-4000:]
     log = result.stdout + result.stderr
-    assert f"saved on {saved_ranks} actor_train ranks and resumes on {ranks}" in log
-    assert "does not continue the saved run's optimization" not in log  # the batch was kept
+    assert f"saved on {saved_ranks} actor_train data-parallel ranks and resumes on {ranks}" in log
+    assert "keeping the global batch" not in log  # the overrides kept it: nothing rescaled
     assert (checkpoint / "actor_train" / "engine_universal").is_dir()  # converted, kept
     return straight, resumed
 
