@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from _pipeline_run import (
+    SMALL,
     assert_same_metrics,
     metrics,
     run,
@@ -216,8 +217,6 @@ def test_a_sync_that_moved_nothing_is_caught_by_the_probe_riding_on_the_rollout(
     """The synchronous loop defers the engines' side of the parity probe to the rollout's
     generate call: a step whose sync moved nothing (the engines still serve the previous
     weights) must stop at that rollout, before anything trains on it."""
-    from _pipeline_run import SMALL
-
     from roll_ds.config import load_config
     from roll_ds.pipeline.rlvr import RLVRPipeline
     from roll_ds.weight_sync.parity import WeightSyncParityError
@@ -291,3 +290,29 @@ def test_a_rollout_engine_killed_mid_run_is_replaced_and_the_run_learns_the_same
     assert "faults/actor_infer/lost_s" in rows[3]  # step 3 ran into the dead engine
     assert "replacing in place" in result.stdout + result.stderr  # Hydra logs to stdout
     assert_same_metrics(tmp_path, straight, steps=tuple(rows), ignore=("faults/",))
+
+
+# Slow: two more runs of the pipeline (full fine-tuning with a reference role, ~100 s each).
+@pytest.mark.slow
+def test_a_reference_killed_mid_run_is_replaced_and_the_run_learns_the_same(tmp_path: Path):
+    """fault_tolerance: the reference (``rlvr_full_zero3``'s hf_infer role, KL on) SIGKILLed
+    once step 2's checkpoint is saved: step 3's reference log-probs replace it in place (the
+    pretrained weights loaded again) and are redone; the run ends with
+    ``faults/reference/restarts`` 1, every learning and eval metric (the KL among them) equal
+    to the uninterrupted run's, and nothing of the dead actor left behind."""
+    config, exp = "rlvr_full_zero3", "rlvr_full_zero3"
+    straight = tmp_path / "straight"
+    done = run(straight, *SMALL, config=config)
+    assert done.returncode == 0, done.stderr[-4000:]
+    killed_dir = tmp_path / "killed"
+    result, left, killed = sigkill_worker_after_first_checkpoint(
+        killed_dir, *SMALL, worker="StrategyWorker", config=config
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "StrategyWorker" in killed
+    assert not left, left.describe()
+    rows = {r["step"]: r for r in metrics(killed_dir, exp)}
+    assert rows[4]["faults/reference/restarts"] == 1.0
+    assert "faults/reference/lost_s" in rows[3]  # step 3's reference pass found it dead
+    assert "replacing in place" in result.stdout + result.stderr  # Hydra logs to stdout
+    assert_same_metrics(killed_dir, straight, steps=tuple(rows), exp_name=exp, ignore=("faults/",))
