@@ -324,6 +324,7 @@ def test_truncate_jsonl_drops_later_steps_and_a_torn_last_line(tmp_path):
 
 
 def test_resume_drops_rollout_rows_past_the_checkpoint(tmp_path):
+    from roll_ds.pipeline.model_roles import role_handles
     from roll_ds.pipeline.rlvr import RLVRPipeline
 
     class Call:
@@ -355,6 +356,7 @@ def test_resume_drops_rollout_rows_past_the_checkpoint(tmp_path):
     pipeline.out_dir, pipeline.checkpoints, pipeline.use_critic = out, mgr, False
     pipeline.queue = None  # the synchronous loop
     pipeline.clusters = {"actor_train": FakeCluster()}
+    pipeline.roles = role_handles(pipeline.clusters)
     pipeline.tasks = SimpleNamespace(sampler=FakeSampler())
     assert pipeline._maybe_resume() == 2
     assert [r["step"] for r in read_metrics(out / "rollouts.jsonl")] == [1, 2]
