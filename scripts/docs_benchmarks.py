@@ -96,7 +96,9 @@ def versus_trl() -> str:
                 step = m["step"]
                 stream = "stream" in run["who"]
                 gen = "(overlapped)" if stream else _s(m["rollout_generate"])
-                sync = m["sync_after"] if stream else m["sync"]
+                # runs recorded before the loop timed a stream step's sync as "sync" name it
+                # "sync_after"
+                sync = m.get("sync_after", m["sync"]) if stream else m["sync"]
                 cells = [gen, old or _s(m["logprobs"]), _s(m["train"]), _s(sync)]
                 ratio = _x(trl["step_s"] / step).removesuffix("x")
             rows.append([block if i == 0 else "", label, _s(step), " / ".join(cells), ratio])
