@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import pytest
+from _ray_roles import reserved
 
 ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
@@ -28,9 +29,7 @@ from roll_ds.distributed.batch import Batch  # noqa: E402
 from roll_ds.distributed.cluster import Cluster  # noqa: E402
 from roll_ds.distributed.dispatch import Dispatch, register  # noqa: E402
 from roll_ds.distributed.placement import RoleSpec  # noqa: E402
-from roll_ds.distributed.ray_init import connect  # noqa: E402
 from roll_ds.distributed.recovery import Recovery  # noqa: E402
-from roll_ds.distributed.resource_manager import ResourceManager  # noqa: E402
 from roll_ds.distributed.worker import Worker  # noqa: E402
 from roll_ds.pipeline.engines import RolloutEngines  # noqa: E402
 from roll_ds.pipeline.faults import MainThreadRestore  # noqa: E402
@@ -103,19 +102,10 @@ class StreamEngine(Worker):
 
 @pytest.fixture(scope="module")
 def rm():
-    saved = os.environ.pop("RAY_ADDRESS", None)
-    connect(num_cpus=4, log_to_driver=False)
-    manager = ResourceManager(
-        {"actor_infer": RoleSpec((0, 1), 2)},
-        num_gpus_per_node=2,
-        device_resource="CPU",
-        ready_timeout_s=30,
-    ).reserve()
-    yield manager
-    manager.release()
-    ray.shutdown()
-    if saved is not None:
-        os.environ["RAY_ADDRESS"] = saved
+    with reserved(
+        {"actor_infer": RoleSpec((0, 1), 2)}, num_gpus_per_node=2, ready_timeout_s=30
+    ) as manager:
+        yield manager
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "batch"])
