@@ -270,18 +270,19 @@ class RayEnvPool:
 
     def _scatter(self, method: str, items: Sequence[tuple]) -> list[EnvReply]:
         replies: list[EnvReply] = [EnvReply()] * len(items)
+        hosts = list(self.hosts)  # what this call sees, whatever other threads replace meanwhile
         shards: dict[int, list[int]] = {}
         now = time.perf_counter()
         for i, item in enumerate(items):
-            h = item[0] % len(self.hosts)
+            h = item[0] % len(hosts)
             if method == "reset":
-                self._open[item[0]] = (self.hosts[h], now)
-            elif item[0] in self._open and self._open[item[0]][0] is not self.hosts[h]:
+                self._open[item[0]] = (hosts[h], now)
+            elif item[0] in self._open and self._open[item[0]][0] is not hosts[h]:
                 replies[i] = EnvReply(status=LOST, error=f"environment host {h} was replaced")
                 continue
             shards.setdefault(h, []).append(i)
         calls = {
-            h: (self.hosts[h], getattr(self.hosts[h], method).remote([items[i] for i in idx]))
+            h: (hosts[h], getattr(hosts[h], method).remote([items[i] for i in idx]))
             for h, idx in shards.items()
         }
         # A host answers within step_timeout_s (each call is bounded there); past that plus a

@@ -146,6 +146,7 @@ def test_agentic_killed_trainer_rank_restarts_and_matches(straight: Path, small,
 # over the host's life, step 0's evaluation first; measured to land in step ?'s rollout, at
 # its turn ? (mid-episode).
 KILL_AT_STEP_CALL = 9
+KILLED_IN_STEP = 1
 
 
 # Slow: one more run of the pipeline (~100 s). CI covers the parts: the pool replacing a
@@ -174,3 +175,33 @@ def test_an_env_host_killed_mid_step_is_replaced_and_the_run_learns_the_same(
     lost = [step for step, row in rows.items() if "faults/env_hosts/lost_s" in row]
     assert lost == [KILLED_IN_STEP], lost
     assert_same_metrics(tmp_path, straight, steps=tuple(rows), exp_name=CONFIG, ignore=("faults/",))
+
+
+# Slow: one more run of the pipeline (~100 s).
+@pytest.mark.slow
+def test_an_env_host_killed_under_stream_is_replaced_and_its_episodes_redone(small, tmp_path):
+    """mode stream, two versions ahead: the host SIGKILLed while the rollout threads play
+    steps ahead on it; the episodes it held (of whichever steps) are played again on its
+    replacement, none ends as an environment error, staleness stays bounded, every sync
+    reaches parity, and nothing is left behind. (No comparison with an uninterrupted run:
+    where a sync pauses the stream is timing's.)"""
+    marker = tmp_path / "env_host_killed"
+    stream = ("async_generation.max_staleness=2", "async_generation.mode=stream")
+    result, left, _ = run_watched(
+        tmp_path,
+        *small,
+        *stream,
+        config=CONFIG,
+        env={KILL_ENV_HOST: f"{KILL_AT_STEP_CALL}:{marker}"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert marker.exists() and not left, left.describe()
+    assert "played again from their start" in result.stdout + result.stderr
+    rows = {r["step"]: r for r in metrics(tmp_path, CONFIG)}
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert rows[3]["faults/env_hosts/restarts"] == 1.0
+    served = served_syncs(list(rows.values()))
+    for step in (1, 2, 3):
+        assert rows[step]["env/errors"] == 0 and rows[step]["env/timeouts"] == 0
+        assert 0.0 <= rows[step]["rollout/staleness"] <= 2.0, rows[step]
+        assert served[step]["sync/parity_max_abs_diff"] < 1e-4

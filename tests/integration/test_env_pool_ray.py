@@ -118,8 +118,8 @@ def play(pool, policy):
 
 
 def test_a_host_sigkilled_mid_episode_is_replaced_and_its_episodes_replayed_exactly(ray_session):
-    """Host 0 of 2 SIGKILLed before the third turn: its four episodes start over on a new
-    host with the same seeds, and every episode equals the uninterrupted run's."""
+    """Host 0 of 2 SIGKILLed before the third turn: its episodes still running start over on
+    a new host with the same seeds, and every episode equals the uninterrupted run's."""
     from transformers import AutoTokenizer
 
     from roll_ds.models.shipped import EMBEDDED_MODEL, resolve_embedded
@@ -140,7 +140,9 @@ def test_a_host_sigkilled_mid_episode_is_replaced_and_its_episodes_replayed_exac
 
     got, timings = play(pool, SeededPolicy(tok, kill_host_0))
     assert killed and got == want
-    assert timings["redone"] == 4  # the even episode ids lived on host 0
+    # host 0 held the even ids; those still running after two turns were played again
+    running = [i for i, w in enumerate(want) if i % 2 == 0 and len(w["turn_rewards"]) > 2]
+    assert timings["redone"] == len(running) > 0
     metrics = pool.pop_metrics()
     assert metrics["faults/env_hosts/restarts"] == 1.0 and metrics["faults/env_hosts/lost_s"] > 0
     assert pool.pop_metrics() == {"faults/env_hosts/restarts": 1.0}  # lost_s is per step
