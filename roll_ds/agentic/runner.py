@@ -200,8 +200,10 @@ class EpisodeRunner:
         while True:
             while lost:  # their host died: reset again on its replacement (module doc)
                 logger.warning(
-                    "episodes %s lost with their environment host: played again from their start",
+                    "episodes %s lost with their environment host (the run's turn %d): played "
+                    "again from their start",
                     [e.episode_id for e in lost],
+                    max(turn - 1, 0),  # the turn whose step (or the reset) found it dead
                 )
                 timings["redone"] += len(lost)
                 lost = self._reset_envs(lost, chats, timings)

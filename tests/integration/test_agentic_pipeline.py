@@ -143,8 +143,9 @@ def test_agentic_killed_trainer_rank_restarts_and_matches(straight: Path, small,
 
 
 # The environment host's step call the kill hook ends (roll_ds/agentic/kill_hook.py): counted
-# over the host's life, step 0's evaluation first; measured to land in step ?'s rollout, at
-# its turn ? (mid-episode).
+# over the host's life, step 0's evaluation first (6 turns); measured to land in step 1's
+# rollout, in its third turn's step: the 8 GuessNumber episodes still running are played again
+# (the Calculator ones had ended at their 3-turn limit).
 KILL_AT_STEP_CALL = 9
 KILLED_IN_STEP = 1
 
