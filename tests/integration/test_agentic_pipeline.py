@@ -175,6 +175,7 @@ def test_an_env_host_killed_mid_step_is_replaced_and_the_run_learns_the_same(
     assert rows[3]["faults/env_hosts/restarts"] == 1.0
     lost = [step for step, row in rows.items() if "faults/env_hosts/lost_s" in row]
     assert lost == [KILLED_IN_STEP], lost
+    assert rows[KILLED_IN_STEP]["faults/env_hosts/redone_episodes"] == 8.0
     assert_same_metrics(tmp_path, straight, steps=tuple(rows), exp_name=CONFIG, ignore=("faults/",))
 
 
