@@ -202,6 +202,8 @@ def test_an_env_host_killed_under_stream_is_replaced_and_its_episodes_redone(sma
     rows = {r["step"]: r for r in metrics(tmp_path, CONFIG)}
     assert sorted(rows) == [0, 1, 2, 3]
     assert rows[3]["faults/env_hosts/restarts"] == 1.0
+    redone = {s: r.get("faults/env_hosts/redone_episodes", 0.0) for s, r in rows.items() if s}
+    assert sum(redone.values()) > 0, redone  # the kill caught episodes in flight
     served = served_syncs(list(rows.values()))
     for step in (1, 2, 3):
         assert rows[step]["env/errors"] == 0 and rows[step]["env/timeouts"] == 0
