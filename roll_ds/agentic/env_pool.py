@@ -3,14 +3,26 @@ each step bounded by ``step_timeout_s``; ``EnvPool`` spreads episodes over hosts
 actors (``RayEnvPool``) or, for tests and tools, in this process (``LocalEnvPool``).
 
 A step that raises, or is still running at its timeout, ends that episode with status
-``error`` / ``timeout`` (the run goes on; a hung step's thread is abandoned, as a daemon). A
-host actor that dies ends its episodes with ``error`` and is replaced by a new one for the next
-batch.
+``error`` / ``timeout`` (the environment's fault; the run goes on; a hung step's thread is
+abandoned, as a daemon).
+
+A host actor that dies (killed, OOM, its node gone) or stops answering is the host's fault, not
+its environments': ``RayEnvPool`` kills it, starts a new one with the same environment specs
+in its place, and answers ``lost`` for every episode the dead host held, in that call and in
+any later call made for an episode reset before the replacement (another rollout thread's,
+under ``async_generation``). The runner (``runner.py``) then plays those episodes again from
+their start on the new host, with the same environment seed and the same generation seeds, so
+in the synchronous loop it gets the episodes the dead host would have given. Replacements are
+bounded by ``fault_tolerance.max_restarts`` over the run (``EnvHostLost`` past it); two threads
+that find the same host dead replace it once. ``pop_metrics``: ``faults/env_hosts/restarts``
+and ``faults/env_hosts/lost_s`` (the wall time of the thrown-away work: from the reset of the
+dead host's oldest open episode to its replacement being up).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -20,8 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_ds.agentic.env import Env, as_messages
+from roll_ds.agentic.kill_hook import kill_if_asked
+
+logger = logging.getLogger(__name__)
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+LOST = "lost"  # the host holding the episode died or stuck: play it again (module doc)
+ROLE = "env_hosts"  # the name faults/<role>/* metrics and errors give the hosts
 
 
 @dataclass(frozen=True)
@@ -146,6 +163,7 @@ class EnvHost:
 
     def step(self, items: Sequence[tuple[int, str]]) -> list[EnvReply]:
         """``(episode_id, action text)`` each, stepped concurrently."""
+        kill_if_asked()  # a test hook, inert unless its variable is set (kill_hook.py)
 
         def one(episode_id: int, action: str):
             def run():
@@ -187,7 +205,9 @@ class EnvHost:
 
 
 class LocalEnvPool:
-    """One ``EnvHost`` in this process (tests, evaluation tools)."""
+    """One ``EnvHost`` in this process (tests, evaluation tools): it never dies alone."""
+
+    max_restarts = 0
 
     def __init__(self, specs: Mapping[str, EnvTypeSpec], step_timeout_s: float) -> None:
         self.host = EnvHost(specs, step_timeout_s)
@@ -204,16 +224,29 @@ class LocalEnvPool:
     def shutdown(self) -> None:
         self.host.close(list(self.host.envs))
 
+    def pop_metrics(self) -> dict[str, float]:
+        return {}
+
 
 HOST_MARGIN_S = 60.0  # Ray's own latency on a busy box, beyond a host call's step_timeout_s
 
 
+class EnvHostLost(RuntimeError):
+    """An environment host died or stopped answering, with ``fault_tolerance.max_restarts``
+    replacements spent."""
+
+
 class RayEnvPool:
     """``num_workers`` ``EnvHost`` actors; episode ``i`` lives on host ``i % num_workers``, and
-    every host steps its share at the same time as the others."""
+    every host steps its share at the same time as the others. A dead or stuck host is replaced
+    at most ``max_restarts`` times over the pool's life (module doc)."""
 
     def __init__(
-        self, specs: Mapping[str, EnvTypeSpec], step_timeout_s: float, num_workers: int = 1
+        self,
+        specs: Mapping[str, EnvTypeSpec],
+        step_timeout_s: float,
+        num_workers: int = 1,
+        max_restarts: int = 0,
     ) -> None:
         import ray
 
@@ -221,8 +254,14 @@ class RayEnvPool:
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(EnvHost)
         self.specs = dict(specs)
         self.step_timeout_s = step_timeout_s
+        self.max_restarts = max_restarts
         self.hosts = [self._new_host() for _ in range(num_workers)]
         self.restarts = 0
+        self._lost_s = 0.0
+        # episode id -> (the host actor it was reset on, when): an episode whose host was
+        # replaced since is lost without asking the new host, which never had it
+        self._open: dict[int, tuple[Any, float]] = {}
+        self._lock = threading.Lock()  # one replacement at a time (rollout threads share us)
 
     def _new_host(self) -> Any:
         return self._actor_cls.options(runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}}).remote(
@@ -230,18 +269,26 @@ class RayEnvPool:
         )
 
     def _scatter(self, method: str, items: Sequence[tuple]) -> list[EnvReply]:
+        replies: list[EnvReply] = [EnvReply()] * len(items)
+        hosts = list(self.hosts)  # what this call sees, whatever other threads replace meanwhile
         shards: dict[int, list[int]] = {}
+        now = time.perf_counter()
         for i, item in enumerate(items):
-            shards.setdefault(item[0] % len(self.hosts), []).append(i)
+            h = item[0] % len(hosts)
+            if method == "reset":
+                self._open[item[0]] = (hosts[h], now)
+            elif item[0] in self._open and self._open[item[0]][0] is not hosts[h]:
+                replies[i] = EnvReply(status=LOST, error=f"environment host {h} was replaced")
+                continue
+            shards.setdefault(h, []).append(i)
         calls = {
-            h: getattr(self.hosts[h], method).remote([items[i] for i in idx])
+            h: (hosts[h], getattr(hosts[h], method).remote([items[i] for i in idx]))
             for h, idx in shards.items()
         }
-        replies: list[EnvReply] = [EnvReply()] * len(items)
         # A host answers within step_timeout_s (each call is bounded there); past that plus a
         # margin for Ray it is stuck: treated as dead, not waited on forever.
         bound_s = self.step_timeout_s + HOST_MARGIN_S
-        for h, call in calls.items():
+        for h, (host, call) in calls.items():
             try:
                 out = self._ray.get(call, timeout=bound_s)
             except (
@@ -249,16 +296,40 @@ class RayEnvPool:
                 self._ray.exceptions.GetTimeoutError,
             ) as exc:
                 why = "died" if isinstance(exc, self._ray.exceptions.RayActorError) else "stuck"
-                out = [EnvReply(status=ERROR, error=f"environment worker {why}: {exc}")] * len(
-                    shards[h]
-                )
-                with contextlib.suppress(Exception):  # a stuck one is still alive
-                    self._ray.kill(self.hosts[h], no_restart=True)
-                self.hosts[h] = self._new_host()  # its environments are gone with it
-                self.restarts += 1
+                self._replace(h, host, why, exc)
+                error = f"environment host {h} {why}: {_first_line(exc)}"
+                out = [EnvReply(status=LOST, error=error)] * len(shards[h])
             for i, reply in zip(shards[h], out, strict=True):
                 replies[i] = reply
         return replies
+
+    def _replace(self, h: int, dead: Any, why: str, exc: BaseException) -> None:
+        """Host ``h`` (the actor ``dead``) in a new actor, unless another thread did it."""
+        with self._lock:
+            if self.hosts[h] is not dead:
+                return  # replaced since this call was sent
+            if self.restarts >= self.max_restarts:
+                raise EnvHostLost(
+                    f"{ROLE}: environment host {h} {why} ({_first_line(exc)}); "
+                    f"{self.restarts} of fault_tolerance.max_restarts={self.max_restarts} "
+                    f"replacements used; raise it to replace more"
+                ) from exc
+            logger.warning(
+                "%s: environment host %d %s (%s); replacing in place (%d of %d)",
+                ROLE,
+                h,
+                why,
+                _first_line(exc),
+                self.restarts + 1,
+                self.max_restarts,
+            )
+            with contextlib.suppress(Exception):  # a stuck one is still alive
+                self._ray.kill(dead, no_restart=True)
+            self.hosts[h] = self._new_host()  # its environments are gone with it
+            self.restarts += 1
+            started = [t for host, t in list(self._open.values()) if host is dead]
+            if started:
+                self._lost_s += time.perf_counter() - min(started)
 
     def reset(self, items: Sequence[tuple[int, str, int]]) -> list[EnvReply]:
         return self._scatter("reset", items)
@@ -267,6 +338,8 @@ class RayEnvPool:
         return self._scatter("step", items)
 
     def close(self, episode_ids: Sequence[int]) -> None:
+        for episode_id in episode_ids:
+            self._open.pop(episode_id, None)
         for h, host in enumerate(self.hosts):
             mine = [e for e in episode_ids if e % len(self.hosts) == h]
             if mine:
@@ -276,3 +349,19 @@ class RayEnvPool:
         for host in self.hosts:
             self._ray.kill(host)
         self.hosts = []
+        self._open = {}
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``faults/env_hosts/restarts`` (over the run, from the first replacement on) and
+        ``faults/env_hosts/lost_s`` (since the last call)."""
+        with self._lock:
+            metrics = {f"faults/{ROLE}/restarts": float(self.restarts)} if self.restarts else {}
+            if self._lost_s:
+                metrics[f"faults/{ROLE}/lost_s"] = self._lost_s
+            self._lost_s = 0.0
+        return metrics
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

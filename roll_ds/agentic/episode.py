@@ -16,7 +16,7 @@ environment's has as many turns as the environment plays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # How an episode ended
@@ -58,6 +58,7 @@ class Episode:
     # async_generation.mode=stream a turn may span a weight sync.
     token_versions: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)  # a row's reward info (correct, ...)
+    redos: int = 0  # times played again from the start (its environment host died: restart)
 
     @property
     def running(self) -> bool:
@@ -122,6 +123,17 @@ class Episode:
         self.logprobs.extend([0.0] * len(ids))
         self.turn_index.extend([turn] * len(ids))
         self.token_versions.extend([-1] * len(ids))
+
+    def restart(self) -> None:
+        """Back to before its reset, counting the redo: its environment host died, and the
+        episode is played again from its start (``runner.py``). Who it is stays (id, group,
+        tag, seed, row)."""
+        redos = self.redos + 1
+        kept = ("episode_id", "group", "tag", "env_seed", "row")
+        fresh = Episode(**{name: getattr(self, name) for name in kept})
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
+        self.redos = redos
 
     def end(self, status: str) -> None:
         if status not in STATUSES:

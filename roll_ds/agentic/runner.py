@@ -11,21 +11,32 @@ then every environment step of that turn at once. A dataset row is an episode of
 ``generate(requests)`` is the rollout engines' call: token ids in, ``n`` samples (token ids and
 their sampled log-probs) out per ``TurnRequest``. A row group's episodes share one request of
 ``n`` samples, seeded by the row's position in the draw; an environment episode's turn is a
-request of one sample seeded by its episode id and the turn. ``pool`` is an
+request of one sample seeded by its episode id and its own turn. ``pool`` is an
 ``roll_ds/agentic/env_pool.py`` pool. Both are injected, so the loop runs the same on vLLM
 workers, on a local engine, or in a unit test.
+
+An episode whose environment host died (the pool answers ``lost``; its environment is gone with
+the process) is played again from its start on the host's replacement: reset with the same
+environment seed, then generated turn by turn again, its turn ``t`` seeded as before. Engines
+that seed each request on its own (vLLM: ``(seed, index)``) sample the same tokens from the
+same weights, so in the synchronous loop the redone episode is the one the dead host would
+have given; it joins the others' turns where they are (a turn's requests of several seeds are
+several engine calls). ``hf_infer`` draws a whole batch from one generator, so there a redo
+samples afresh. An environment that raised is not redone: that is the environment's failure
+(``env_error``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from roll_ds.agentic.chat import ChatFormat
-from roll_ds.agentic.env_pool import OK, TIMEOUT, EnvReply
+from roll_ds.agentic.env_pool import LOST, OK, TIMEOUT, EnvReply
 from roll_ds.agentic.episode import (
     CONTEXT_LIMIT,
     DONE,
@@ -37,6 +48,8 @@ from roll_ds.agentic.episode import (
 )
 from roll_ds.agentic.truncation import ObservationCutter
 from roll_ds.config.agentic import EnvSpecConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,24 +82,29 @@ def one_sample_each(generate: ContextsFn) -> GenerateFn:
     """A ``GenerateFn`` over a local engine that samples one continuation per context:
     ``generate(contexts, max_new_tokens, indices, seed)`` returning ``response_ids``,
     ``rollout_logprobs`` and (optionally) ``finish_reason`` lists (environment episodes only:
-    every request of a turn has ``n`` 1 and the turn's seed)."""
+    every request has ``n`` 1; one call per seed: a turn's episodes share one, an episode
+    played again from its start has its own turn's)."""
 
     def run(requests: list[TurnRequest]) -> list[list[Sample]]:
-        if any(r.n != 1 for r in requests) or len({r.seed for r in requests}) > 1:
-            raise ValueError("one_sample_each serves environment turns (n 1, one seed)")
-        out = generate(
-            [r.context for r in requests],
-            [r.max_new_tokens for r in requests],
-            [r.index for r in requests],
-            requests[0].seed,
-        )
-        reasons = out.get("finish_reason") or [""] * len(requests)
-        return [
-            [Sample(list(ids), list(lps), reason)]
-            for ids, lps, reason in zip(
-                out["response_ids"], out["rollout_logprobs"], reasons, strict=True
+        if any(r.n != 1 for r in requests):
+            raise ValueError("one_sample_each serves environment turns (n 1)")
+        by_seed: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            by_seed.setdefault(request.seed, []).append(i)
+        samples: list[list[Sample]] = [[] for _ in requests]
+        for seed, positions in by_seed.items():
+            out = generate(
+                [requests[i].context for i in positions],
+                [requests[i].max_new_tokens for i in positions],
+                [requests[i].index for i in positions],
+                seed,
             )
-        ]
+            reasons = out.get("finish_reason") or [""] * len(positions)
+            for i, ids, lps, reason in zip(
+                positions, out["response_ids"], out["rollout_logprobs"], reasons, strict=True
+            ):
+                samples[i] = [Sample(list(ids), list(lps), reason)]
+        return samples
 
     return run
 
@@ -128,7 +146,8 @@ class EpisodeSpec:
 
 
 def turn_seed(seed: int, turn: int) -> int:
-    """The generation seed of turn ``turn`` (each episode's request is seeded by its row too)."""
+    """The generation seed of an episode's turn ``turn`` (its request is seeded by its id
+    too)."""
     return (seed * 1_000_003 + turn * 7919) & 0x7FFFFFFF
 
 
@@ -167,22 +186,31 @@ class EpisodeRunner:
         self, specs: Sequence[EpisodeSpec], *, seed: int, row_seed: int | None = None
     ) -> tuple[list[Episode], dict]:
         """The episodes of ``specs``, played to the end; and timings (``generate_s``,
-        ``env_s``: wall time of the generate calls and of the environment calls). Environment
+        ``env_s``: wall time of the generate calls and of the environment calls;
+        ``redone``: episodes played again after their host died). An environment episode's
         turn ``t`` is seeded by ``turn_seed(seed, t)``, rows by ``row_seed`` (default
         ``seed``)."""
         episodes = [Episode(s.episode_id, s.group, s.tag, s.env_seed, row=s.row) for s in specs]
         spec_of = {id(e): s for e, s in zip(episodes, specs, strict=True)}
-        timings = {"generate_s": 0.0, "env_s": 0.0, "turns": 0}
-        chats = self._reset(episodes, specs, timings)
+        timings = {"generate_s": 0.0, "env_s": 0.0, "turns": 0, "redone": 0}
+        chats: dict[int, ChatFormat] = {}
+        lost = self._reset(episodes, specs, chats, timings)
         row_seed = seed if row_seed is None else row_seed
         turn = 0
         while True:
+            while lost:  # their host died: reset again on its replacement (module doc)
+                logger.warning(
+                    "episodes %s lost with their environment host (the run's turn %d): played "
+                    "again from their start",
+                    [e.episode_id for e in lost],
+                    max(turn - 1, 0),  # the turn whose step (or the reset) found it dead
+                )
+                timings["redone"] += len(lost)
+                lost = self._reset_envs(lost, chats, timings)
             active = [e for e in episodes if e.running]
             if not active:
                 break
-            requests, owners = self._requests(
-                active, spec_of, seed=turn_seed(seed, turn), row_seed=row_seed
-            )
+            requests, owners = self._requests(active, spec_of, seed=seed, row_seed=row_seed)
             started = time.perf_counter()
             outputs = self.generate(requests)
             timings["generate_s"] += time.perf_counter() - started
@@ -203,7 +231,7 @@ class EpisodeRunner:
                     else:
                         acting.append((episode, chat.decode(sample.ids)))
             if acting:
-                self._step(acting, chats, timings)
+                lost = self._step(acting, chats, timings)
             turn += 1
         envs = [e.episode_id for e in episodes if not e.is_row]
         if envs:
@@ -212,22 +240,35 @@ class EpisodeRunner:
         return episodes, timings
 
     def _reset(
-        self, episodes: list[Episode], specs: Sequence[EpisodeSpec], timings: dict
-    ) -> dict[int, ChatFormat]:
-        """Rows take their prompt; environments are reset (concurrently) and rendered."""
+        self,
+        episodes: list[Episode],
+        specs: Sequence[EpisodeSpec],
+        chats: dict[int, ChatFormat],
+        timings: dict,
+    ) -> list[Episode]:
+        """Rows take their prompt; environments are reset (concurrently) and rendered. Returns
+        the episodes whose host died meanwhile (to reset again)."""
         envs = []
         for episode, spec in zip(episodes, specs, strict=True):
             if spec.prompt_ids is not None:
                 episode.prompt_ids = list(spec.prompt_ids)
             else:
                 envs.append(episode)
-        chats: dict[int, ChatFormat] = {}
-        if not envs:
-            return chats
+        return self._reset_envs(envs, chats, timings) if envs else []
+
+    def _reset_envs(
+        self, envs: list[Episode], chats: dict[int, ChatFormat], timings: dict
+    ) -> list[Episode]:
+        """Reset ``envs``' environments and render their first observations into ``chats``;
+        returns those lost with their host (restarted, to reset again)."""
         started = time.perf_counter()
         replies = self.pool.reset([(e.episode_id, e.tag, e.env_seed) for e in envs])
         timings["env_s"] += time.perf_counter() - started
+        lost = []
         for episode, reply in zip(envs, replies, strict=True):
+            if self._play_again(episode, reply):
+                lost.append(episode)
+                continue
             chat = chats[episode.episode_id] = self.chat_for(reply.tools)
             episode.env_seconds += reply.seconds
             if reply.status != OK:  # no task: an empty episode that trains nothing
@@ -240,7 +281,16 @@ class EpisodeRunner:
             if episode.context_length >= self.max_context_tokens:
                 episode.turn_rewards.append(0.0)
                 episode.end(CONTEXT_LIMIT)
-        return chats
+        return lost
+
+    def _play_again(self, episode: Episode, reply: EnvReply) -> bool:
+        """Whether ``reply`` says the episode's host died and the episode starts over
+        (``Episode.restart``). More redos than the pool has replacements would be a pool that
+        keeps losing it: it ends as an environment error instead."""
+        if reply.status != LOST or episode.redos >= self.pool.max_restarts:
+            return False
+        episode.restart()
+        return True
 
     def _requests(
         self,
@@ -251,7 +301,8 @@ class EpisodeRunner:
         row_seed: int,
     ) -> tuple[list[TurnRequest], list[list[Episode]]]:
         """This turn's requests and, for each, the episodes its samples go to (a row group's
-        episodes share one request of ``n`` samples)."""
+        episodes share one request of ``n`` samples). An environment episode's request is
+        seeded by its own turn, which is the loop's unless it was played again."""
         requests: list[TurnRequest] = []
         owners: list[list[Episode]] = []
         groups: dict[int, int] = {}  # a row group -> its request
@@ -263,7 +314,7 @@ class EpisodeRunner:
                         episode.context_ids,
                         1,
                         episode.episode_id,
-                        seed,
+                        turn_seed(seed, episode.num_turns),
                         self._max_new_tokens(episode),
                     )
                 )
@@ -284,12 +335,19 @@ class EpisodeRunner:
 
     def _step(
         self, acting: list[tuple[Episode, str]], chats: dict[int, ChatFormat], timings: dict
-    ) -> None:
+    ) -> list[Episode]:
+        """Step every acting episode's environment; returns those lost with their host
+        (restarted, to reset again)."""
         started = time.perf_counter()
         replies = self.pool.step([(e.episode_id, action) for e, action in acting])
         timings["env_s"] += time.perf_counter() - started
+        lost = []
         for (episode, action), reply in zip(acting, replies, strict=True):
-            self._after_step(episode, action, reply, chats[episode.episode_id])
+            if self._play_again(episode, reply):
+                lost.append(episode)
+            else:
+                self._after_step(episode, action, reply, chats[episode.episode_id])
+        return lost
 
     def _max_new_tokens(self, episode: Episode) -> int:
         room = self.max_context_tokens - episode.context_length

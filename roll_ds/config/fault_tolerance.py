@@ -3,7 +3,9 @@
 Stateless roles (the rollout engines, the reference, the reward roles) are replaced in place
 (``roll_ds/distributed/recovery.py``): a new actor on the dead one's placement bundle, brought
 up as at start (the engines also get the current weights, parity checked), and the call it
-had in flight is sent again. ``max_restarts`` bounds that per role over the run.
+had in flight is sent again. The agentic environment hosts are replaced by their pool and
+their episodes played again (``roll_ds/agentic/env_pool.py``). ``max_restarts`` bounds that
+per role over the run.
 
 A trainer rank (``actor_train``, ``critic``) holds state no other process has: its ZeRO shard of
 the weights and the optimizer. When one dies the run cannot go on in place; the driver tears down
@@ -42,7 +44,8 @@ class FaultToleranceConfig:
     of every wait on an actor."""
 
     # Replacements of dead or stuck workers allowed per stateless role over the whole run
-    # (actor_infer, reference, each rewards.<name>); 0: a dead worker stops the run.
+    # (actor_infer, reference, each rewards.<name>, the agentic environment hosts); 0: a dead
+    # worker stops the run.
     max_restarts: int = 3
     # Times the driver restarts the whole run from the latest checkpoint after a trainer rank
     # (actor_train, critic) dies or fails mid-run; 0: the first such failure stops the run.

@@ -29,8 +29,10 @@ Not replaced, and why:
   rank would have to join that dance in the middle of a phase).
 - a role of several DeepSpeed ranks (a reference or reward model on ``deepspeed_*``): its ranks
   share a process group at start, which a new rank cannot join alone.
-Environment hosts (``roll_ds/agentic/env_pool.py``) replace themselves: a dead host's episodes
-end with an error reward and a new host takes its place.
+Environment hosts (``roll_ds/agentic/env_pool.py``) are not a cluster: their pool replaces a
+dead or stuck host itself (``fault_tolerance.max_restarts`` over the run), and the runner plays
+every episode the host held again from its start with the same seeds
+(``roll_ds/agentic/runner.py``); ``faults/env_hosts/*`` come from the pool.
 """
 
 from __future__ import annotations

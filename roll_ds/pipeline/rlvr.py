@@ -144,7 +144,10 @@ class RLVRPipeline:
             from roll_ds.agentic.env_pool import RayEnvPool
 
             self.env_pool = RayEnvPool(
-                self.tasks.env_types(), cfg.agentic.step_timeout_s, cfg.agentic.num_env_workers
+                self.tasks.env_types(),
+                cfg.agentic.step_timeout_s,
+                cfg.agentic.num_env_workers,
+                max_restarts=cfg.fault_tolerance.max_restarts,
             )
         engines = RolloutEngines(self.clusters["actor_infer"], call_bounds(cfg))
         self.policy_sync = PolicySync(
@@ -275,8 +278,8 @@ class RLVRPipeline:
         metrics.update(rollout_stats)
         if self.recovery is not None:  # faults/<role>/*: ranks replaced
             metrics.update(self.recovery.pop_metrics())
-        if getattr(self.env_pool, "restarts", 0):  # hosts the pool replaced itself
-            metrics["faults/env_hosts/restarts"] = float(self.env_pool.restarts)
+        if self.env_pool is not None:  # faults/env_hosts/*: hosts the pool replaced itself
+            metrics.update(self.env_pool.pop_metrics())
         colocation_s = self.colocation.pop_seconds() if self.colocation.active else None
         metrics.update(self.colocation.pop_memory())  # the roles' device memory (GPUs)
         add_step_totals(metrics, timings, batch, colocation_s)

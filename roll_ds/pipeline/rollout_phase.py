@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from roll_ds.agentic.env_pool import ROLE as ENV_ROLE
 from roll_ds.agentic.episode import Episode
 from roll_ds.agentic.runner import EpisodeRunner, Sample, TurnLimits, TurnRequest
 from roll_ds.config.schema import RLVRConfig
@@ -107,6 +108,8 @@ class RolloutPhase:
         batch = self._scored_batch(step, episodes, stats)
         stats["time/rollout_generate"] = timings["generate_s"] if self.queue is None else waited
         stats["time/rollout_env"] = timings["env_s"]
+        if timings.get("redone"):  # episodes played again after their environment host died
+            stats[f"faults/{ENV_ROLE}/redone_episodes"] = float(timings["redone"])
         # async: per second waited for the step's rollouts, the rest overlapped training
         stats["perf/generate_tokens_per_s"] = stats.pop("rollout/generated_tokens") / max(
             stats["time/rollout_generate"], 1e-9

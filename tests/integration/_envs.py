@@ -20,3 +20,13 @@ class Sleepy(Env):
     def step(self, action):
         time.sleep(3600 if action == "hang" else self.seconds)
         return StepResult("ok", reward=1.0, done=True)
+
+
+class Crashing(Env):
+    """Every step raises (the environment's own failure, not its host's)."""
+
+    def reset(self, seed):
+        return f"seed {seed}"
+
+    def step(self, action):
+        raise RuntimeError("this environment always fails")

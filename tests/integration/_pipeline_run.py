@@ -68,10 +68,14 @@ def run(
 
 
 def run_watched(
-    out_dir: Path, *extra: str, timeout: float = 600, config: str = "rlvr_lora_zero3"
+    out_dir: Path,
+    *extra: str,
+    timeout: float = 600,
+    config: str = "rlvr_lora_zero3",
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess, Leftovers, LeakWatch]:
     """``run`` under a ``LeakWatch`` (``_leaks.py``): also what the run left behind, and what
-    it held while it ran."""
+    it held while it ran. ``env``: variables added to the run's environment (test hooks)."""
     cmd = command(out_dir, *extra, config=config)
     proc = subprocess.Popen(
         cmd,
@@ -79,7 +83,7 @@ def run_watched(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         preexec_fn=become_subreaper,  # its orphans stay in the watched tree (_leaks.py)
     )
     watch = LeakWatch(proc.pid)
