@@ -140,11 +140,12 @@ class TransferGroup:
 
     def close(self) -> None:
         """Leave the group without waiting on any peer: a member that died or stopped must not
-        hold up the others' close (the group is then re-formed without it, ``PolicySync``).
+        hold up the others' close (the group is re-formed with its replacement: ``PolicySync``).
 
         ``abort()``, not ``shutdown()``. NCCL's shutdown first finalizes the communicator
-        (``ncclCommFinalize`` flushes its pending work, which needs every peer: a dead one
-        hangs it); its abort (``ncclCommAbort``) frees it locally, without a word to the peers.
+        (``ncclCommFinalize``, then waits until every NCCL kernel finished, which needs every
+        peer: a dead one hangs it); its abort (``ncclCommAbort``, waited at most the group's
+        timeout in torch's ``ProcessGroupNCCL::abort``) frees it without the peers.
         Nothing is lost by not flushing: every operation here is waited on before the call
         that made it returns, so none is pending at close. Gloo's abort, like its shutdown,
         closes this member's sockets at once (measured with a SIGKILLed peer); a survivor
