@@ -59,6 +59,7 @@ RELOAD_LOGGER = "vllm.model_executor.model_loader"
 FAILURE_MARKERS = ("Failed to load weights", "weights were not loaded")
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 def with_tied_lm_head(
@@ -152,7 +153,10 @@ def reload_weights_checked(
         try:
             reload(weights_iterator=counted())
         except BaseException:
-            abandon_reload(worker)
+            try:
+                abandon_reload(worker)
+            except Exception:  # the stream's error is the one to report
+                logger.exception("could not finish vLLM's interrupted weight reload")
             raise
     failures = load_failures(messages, parameter_owners(worker.model_runner.get_model()))
     if failures:
