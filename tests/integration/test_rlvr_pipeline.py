@@ -270,8 +270,8 @@ def test_a_reward_actor_killed_mid_run_is_replaced_and_the_run_learns_the_same(
 
 # Slow: one more run of the pipeline each (~140 s on a shared 2-core box). CI covers the parts:
 # the sync redone after a dead engine (tests/unit/pipeline/test_policy_sync_faults.py), a dead
-# engine under two rollout threads on real Ray actors (test_engine_replacement.py), and dead
-# engines under the collective transport (test_collective_engine_replacement.py).
+# engine under two rollout threads on real Ray actors (test_engine_replacement.py), and a gloo
+# group left and re-formed after a member was SIGKILLed (tests/unit/weight_sync/).
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_a_rollout_engine_killed_mid_run_is_replaced_and_the_run_learns_the_same(
