@@ -160,9 +160,9 @@ def kill_between_syncs(sync: PolicySync, train: Cluster, infer: Cluster) -> dict
     return {k.removeprefix("faults/actor_infer/"): v for k, v in restored.items()}
 
 
-# Slow, both: the three engines (two, then a replacement) and the trainer start for ~110 s of
-# each run's ~170 s on the shared 2-core box (measured with its load at 10-16; the 60 s a new
-# CI test may take was not shown). CI covers the parts: the order of leave / replace / connect
+# Slow, both: the two engines and the trainer start in 60-110 s of a run's 95-170 s on the
+# shared 2-core box (measured with its load at 6-16), the replacement in ~26 s more; a new CI
+# test must take < 60 s. CI covers the parts: the order of leave / replace / connect
 # / sync (tests/unit/pipeline/test_policy_sync_faults.py), a real gloo group with a member
 # SIGKILLed left and re-formed (tests/unit/weight_sync/test_group_reform.py), and vLLM's
 # reload cut half-way and done again (test_vllm_strategy.py).
