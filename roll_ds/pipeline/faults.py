@@ -15,8 +15,12 @@ and under ``async_generation`` alike:
   under ``async_generation`` the replayed share samples with the trainer's weights at the
   time of the replacement, which may be newer than the rest of its step's.
 - an engine that dies inside a weight sync is replaced and the sync done again, in full, into
-  every engine (``PolicySync``; ``weight_sync.transport: object_store`` only: a collective
-  transport seated the dead engine in its group, and the run stops naming the rank).
+  every engine (``PolicySync``).
+- under a group transport (``collective``, ``cuda_ipc``) the dead engine held a seat in the
+  trainer's group: every replacement re-forms it. The trainer and the surviving engines leave
+  the old group without calling the dead (``Transport.close(dead=...)``; each member's close
+  is an abort, which never waits on a peer), and a new transport seats every engine, the new
+  one too, on a fresh store before the sync (``PolicySync._drop_transport``).
 - the restore is a weight sync from the trainer, which only the main thread calls: a rollout
   thread that replaced an engine waits for it (``MainThreadRestore``), and the main thread
   serves it wherever it waits for the rollout threads (``RolloutQueue``) or for the

@@ -110,7 +110,8 @@ class PolicySync:
 
     def _transfer(self) -> dict[str, float]:
         """The transport's sync; an engine that dies in it (the engines' cluster watched by
-        a ``Recovery``) is replaced and the full sync done again into every engine."""
+        a ``Recovery``) is replaced and the full sync done again into every engine, over a
+        transport connected anew (a collective one re-forms its group with the new engine)."""
         from roll_ds.weight_sync.base import WeightSyncError
 
         cluster = self.engines.cluster
@@ -121,14 +122,14 @@ class PolicySync:
             dead = dead_engines(exc, cluster)
             if not dead:
                 raise
-            self._check_transport(cluster, [r for e in dead for r in failed_ranks(e)])
             # Held until the new engines have the weights: a rollout thread that finds its
             # engine replaced sends it work only then.
             with cluster.recovery.locked():
+                # the old group is left before the dead are replaced: their ranks are skipped
+                self._drop_transport(cluster, [r for e in dead for r in failed_ranks(e)])
                 for error in dead:  # restored by the sync redone below
                     cluster.recovery.replace(cluster, error, since, restore=False)
-                self.transport = None  # rebuilt: it connects the new ranks
-                self.transport = self._build_transport()
+                self.transport = self._build_transport()  # connects the new ranks
                 return self.transport.sync(self.train, cluster)
 
     def _build_transport(self) -> Any:
@@ -141,33 +142,29 @@ class PolicySync:
             rollout_dtype=self.cfg.actor_infer.model_args.dtype,
         )
 
-    def _check_transport(self, cluster: Any, ranks: list[int]) -> None:
-        """Only ``object_store`` reaches a replaced engine: a collective transport seated the
-        old one in its group (re-forming it with the trainer mid-run is not built)."""
-        if self.transport is not None and self.transport.name != "object_store":
-            from roll_ds.weight_sync.base import WeightSyncError
-
-            raise WeightSyncError(
-                f"{cluster.name} rank(s) {ranks} died, and weight_sync transport "
-                f"{self.transport.name} cannot reach a replacement (it seated the old ones in "
-                "its group; only object_store reaches a new engine). Set "
-                "weight_sync.transport=object_store, or fault_tolerance.max_restarts=0 to stop "
-                "at a dead engine"
-            )
+    def _drop_transport(self, cluster: Any, dead: list[int]) -> None:
+        """The trainer and the surviving engines leave the transport (a collective one seated
+        the ``dead`` engine ranks in its group; the next ``_build_transport`` re-forms it with
+        their replacements); ``dead`` are not called. Bounded: a survivor or trainer rank that
+        cannot leave (dead too, or stuck) fails it with ``WeightSyncError`` naming the rank."""
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.close(self.train, cluster, dead=dead)
 
     def restore_engines(self, cluster: Any, ranks: list[int], version: int | None = None) -> None:
         """Replaced engine ranks (``pipeline/faults.py``) get the trainer's weights: a full
-        sync into every engine, parity checked, before their call is sent again. ``version``:
+        sync into every engine, parity checked, before their call is sent again, over a
+        transport connected anew (the old one left without the replaced ranks). ``version``:
         the trainer's (default: the version the engines serve, which the synchronous loop's
         trainer holds whenever the engines work). A parity probe riding on that call still
         completes the step's check. Metrics under ``faults/actor_infer/`` (the step's own
         ``sync/*`` stay those of its sync)."""
         if self.rollout_version is None:
             return  # never synced yet: the step's sync fills every engine
-        self._check_transport(cluster, ranks)
         version = self.rollout_version if version is None else version
         deferred = self._deferred
-        self.transport, self.rollout_version = None, None  # rebuilt: it connects the new ranks
+        self._drop_transport(cluster, ranks)
+        self.rollout_version = None
         metrics = self.sync(version)
         self._deferred = deferred
         prefix = f"faults/{cluster.name}/"

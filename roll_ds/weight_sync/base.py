@@ -32,14 +32,14 @@ A transport is driven from the driver process:
     transport = TRANSPORTS.get(name)(bucket_bytes=..., timeout_s=..., rollout_dtype="bf16")
     transport.connect(actor_train, actor_infer)   # once: build groups (no-op for object_store)
     metrics = transport.sync(actor_train, actor_infer)   # every step: one reload per worker
-    transport.close(actor_train, actor_infer)
+    transport.close(actor_train, actor_infer)   # dead=[ranks]: an engine died (its seat with it)
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -454,8 +454,11 @@ class Transport(ABC):
     def sync(self, train: Cluster, infer: Cluster) -> dict[str, float]:
         """One full sync; returns ``sync/*`` metrics. Raises ``WeightSyncError``."""
 
-    def close(self, train: Cluster, infer: Cluster) -> None:  # noqa: B027 - optional hook
-        """Tear down what ``connect`` built."""
+    def close(  # noqa: B027 - optional hook
+        self, train: Cluster, infer: Cluster, *, dead: Sequence[int] = ()
+    ) -> None:
+        """Tear down what ``connect`` built. ``dead``: rollout ranks that died (or were
+        replaced since): not called, and their part is not waited for."""
 
     def _publish(self, train: Cluster) -> PendingCall:
         return train.submit(

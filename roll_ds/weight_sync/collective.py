@@ -22,7 +22,11 @@ Driven by the driver (``CollectiveTransport``), the workers' calls are::
              to which member); train.weight_sync_open -> (host, port) per sending rank;
              train.weight_sync_join and infer.weight_sync_join together (the rendezvous)
     sync     train.publish_weights and infer.receive_weights together (the stream)
-    close    train.weight_sync_leave and infer.weight_sync_leave
+    close    train.weight_sync_leave and infer.weight_sync_leave (the ranks that died aside)
+
+An engine that died is replaced and the group re-formed (``PolicySync``): the survivors and the
+trainer leave the old group (``close`` with the dead ranks), then a new transport connects every
+engine, the replacement too, on a fresh store and port.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import contextlib
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from roll_ds.weight_sync import PLANES
@@ -131,18 +135,21 @@ class CollectiveTransport(Transport):
         sent = next(stats for stats in out[train.name] if stats is not None)
         return sync_metrics(time.perf_counter() - start, sent, out[infer.name])
 
-    def close(self, train: Cluster, infer: Cluster) -> None:
+    def close(self, train: Cluster, infer: Cluster, *, dead: Sequence[int] = ()) -> None:
+        """Every member leaves its group (``TransferGroup.close``: never waits on a peer), the
+        rollout ranks in ``dead`` aside: their seats went with their processes, and a call to
+        one would only wait for its bound. A survivor of a broken sync may still be inside its
+        receive, which ends when the trainer's seat closes (gloo) or at its own ``timeout_s``
+        (NCCL); its leave runs after it, so with ``dead`` the wait is twice ``timeout_s``."""
         if self.groups is None:
             return
         self.groups, self.senders = None, (0,)
-        deadline = time.monotonic() + self.timeout_s
-        self._wait(
-            {
-                train.name: train.submit("weight_sync_leave"),
-                infer.name: infer.submit("weight_sync_leave"),
-            },
-            deadline,
-        )
+        deadline = time.monotonic() + (2 if dead else 1) * self.timeout_s
+        calls = {train.name: train.submit("weight_sync_leave")}
+        live = [rank for rank in range(infer.world_size) if rank not in dead]
+        if live:
+            calls[infer.name] = infer.submit("weight_sync_leave", _ranks=live)
+        self._wait(calls, deadline)
 
 
 def group_seats(

@@ -14,8 +14,9 @@ built in blocking-wait mode instead (``TORCH_NCCL_BLOCKING_WAIT=1``, read by tor
 group is constructed, so the training world and vLLM's own groups keep their settings): ``wait()``
 then blocks for at most ``timeout_s``, aborts this group's communicator on timeout and raises,
 which becomes ``TransferError``. What the user sees: the sync fails with ``WeightSyncError``
-naming the ranks that failed or were still busy, every process stays alive (the run stops
-cleanly, checkpoints intact), and the aborted group is left by ``Transport.close``.
+naming the ranks that failed or were still busy, every process stays alive, and the aborted
+group is left by ``Transport.close`` (``TransferGroup.close``: an abort, which never waits on a
+peer); an engine that died is replaced and the group re-formed with it (``PolicySync``).
 
 What travels over it is ``collective.py``'s stream; ``GroupMember`` there is a process's seat.
 """
@@ -138,12 +139,23 @@ class TransferGroup:
         )
 
     def close(self) -> None:
-        shutdown = getattr(self.pg, "shutdown", None)
-        if callable(shutdown):
-            with contextlib.suppress(RuntimeError):
-                shutdown()
-        self.pg = None
-        self._store = None
+        """Leave the group without waiting on any peer: a member that died or stopped must not
+        hold up the others' close (the group is re-formed with its replacement: ``PolicySync``).
+
+        ``abort()``, not ``shutdown()``. NCCL's shutdown first finalizes the communicator
+        (``ncclCommFinalize``, then waits until every NCCL kernel finished, which needs every
+        peer: a dead one hangs it); its abort (``ncclCommAbort``, waited at most the group's
+        timeout in torch's ``ProcessGroupNCCL::abort``) frees it without the peers.
+        Nothing is lost by not flushing: every operation here is waited on before the call
+        that made it returns, so none is pending at close. Gloo's abort, like its shutdown,
+        closes this member's sockets at once (measured with a SIGKILLed peer); a survivor
+        still waiting on this member then fails at once too, so the trainer's close frees the
+        receivers of a broken sync (under NCCL they wait out their own ``timeout_s``)."""
+        pg, self.pg, self._store = self.pg, None, None
+        leave = getattr(pg, "abort", None) or getattr(pg, "shutdown", None)
+        if callable(leave):
+            with contextlib.suppress(RuntimeError):  # an aborted group may refuse twice
+                leave()
 
 
 # Read by ProcessGroupNCCL's constructor: wait() blocks at most the group's timeout, then aborts

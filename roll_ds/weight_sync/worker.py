@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from roll_ds.distributed.dispatch import Dispatch, register
 from roll_ds.weight_sync import RECEIVERS, SENDERS
-from roll_ds.weight_sync.base import Bucket, cast_buckets, sync_nbytes
+from roll_ds.weight_sync.base import Bucket, TransferError, cast_buckets, sync_nbytes
 from roll_ds.weight_sync.collective import CollectiveReceiver, CollectiveSender
 from roll_ds.weight_sync.endpoint import AdapterReceiver, Receiver, Seat, Sender, WeightSource
 
@@ -65,7 +65,14 @@ class SenderWorkerMixin:
         if self.rank not in senders:
             follow_gathers(self.strategy, buckets)
             return None
-        stats = self._sender(transport).send(cast_buckets(buckets, rollout_dtype))
+        try:
+            stats = self._sender(transport).send(cast_buckets(buckets, rollout_dtype))
+        except TransferError:
+            # The group broke (an engine died): under ZeRO-3 the other ranks are gathering the
+            # rest of the buckets with this one; walk them, so no rank is left waiting in a
+            # gather this one quit and the trainer can leave the group and sync again.
+            follow_gathers(self.strategy, buckets)
+            raise
         stats["seconds"] = time.perf_counter() - start
         stats["gather_seconds"] = stats["seconds"] - stats["transfer_seconds"]
         return stats

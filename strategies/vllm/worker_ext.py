@@ -59,6 +59,7 @@ RELOAD_LOGGER = "vllm.model_executor.model_loader"
 FAILURE_MARKERS = ("Failed to load weights", "weights were not loaded")
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 def with_tied_lm_head(
@@ -149,7 +150,14 @@ def reload_weights_checked(
     # Worker.reload_weights is model_runner.reload_weights under the worker's vLLM config context.
     reload = getattr(worker, "reload_weights", None) or worker.model_runner.reload_weights
     with captured_load_warnings() as messages:
-        reload(weights_iterator=counted())
+        try:
+            reload(weights_iterator=counted())
+        except BaseException:
+            try:
+                abandon_reload(worker)
+            except Exception:  # the stream's error is the one to report
+                logger.exception("could not finish vLLM's interrupted weight reload")
+            raise
     failures = load_failures(messages, parameter_owners(worker.model_runner.get_model()))
     if failures:
         raise RuntimeError(
@@ -162,6 +170,23 @@ def reload_weights_checked(
         "seconds": time.perf_counter() - start,
         "tied_lm_head": tied,
     }
+
+
+def abandon_reload(worker: Any) -> None:
+    """After a reload whose weights stopped coming half-way (a group sync broke: the sender or
+    another engine died), finish vLLM's layer-wise reload so the next one can start: it left
+    the layers it had not completed on the meta device with wrapped loaders, which the next
+    reload skips setting up and then fails in (measured: "'Parameter' object has no attribute
+    'weight_loader'"). Finishing puts the old weights back in the layers that got none and
+    processes the others with what they got, so the engine serves a mix of old and new
+    weights until the sync is redone (``PolicySync`` redoes it in full)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    runner = worker.model_runner
+    config = getattr(worker, "vllm_config", None) or runner.vllm_config
+    with set_current_vllm_config(config):
+        finalize_layerwise_reload(runner.get_model(), config.model_config)
 
 
 def model_runner_problems(runner: Any) -> list[str]:

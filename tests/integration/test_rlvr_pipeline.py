@@ -268,20 +268,25 @@ def test_a_reward_actor_killed_mid_run_is_replaced_and_the_run_learns_the_same(
     assert_same_metrics(tmp_path, straight, steps=tuple(rows), ignore=("faults/",))
 
 
-# Slow: one more run of the pipeline (~140 s on a shared 2-core box). CI covers the parts: the
-# sync redone after a dead engine (tests/unit/pipeline/test_policy_sync_faults.py) and a dead
-# engine under two rollout threads on real Ray actors (test_engine_replacement.py).
+# Slow: one more run of the pipeline each (~140 s on a shared 2-core box). CI covers the parts:
+# the sync redone after a dead engine (tests/unit/pipeline/test_policy_sync_faults.py), a dead
+# engine under two rollout threads on real Ray actors (test_engine_replacement.py), and a gloo
+# group left and re-formed after a member was SIGKILLed (tests/unit/weight_sync/).
 @pytest.mark.slow
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_a_rollout_engine_killed_mid_run_is_replaced_and_the_run_learns_the_same(
-    straight: Path, tmp_path: Path
+    straight: Path, tmp_path: Path, transport: str
 ):
     """fault_tolerance: the vLLM engine (actor_infer's one rank) SIGKILLed once step 2's
     checkpoint is saved: the next call on it (step 3's weight sync, or its generate call if the
     kill landed after that sync) replaces it on its bundle, syncs the trainer's weights in with
-    the parity check and redoes the work; the run ends with ``faults/actor_infer/restarts`` 1,
-    every learning and eval metric equal to the uninterrupted run's, and nothing of the dead
-    engine left behind (its process, its /dev/shm files)."""
-    result, left, killed = sigkill_worker_after_first_checkpoint(tmp_path, worker="RolloutWorker")
+    the parity check (``collective``: over a group re-formed with the new engine) and redoes the
+    work; the run ends with ``faults/actor_infer/restarts`` 1, every learning and eval metric
+    equal to the uninterrupted run's (``object_store``, the CPU default), and nothing of the
+    dead engine left behind (its process, its /dev/shm files)."""
+    result, left, killed = sigkill_worker_after_first_checkpoint(
+        tmp_path, f"weight_sync.transport={transport}", worker="RolloutWorker"
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "RolloutWorker" in killed
     assert not left, left.describe()

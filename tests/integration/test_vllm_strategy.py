@@ -177,6 +177,27 @@ def test_load_weights_missing_a_weight_raises(engine, hf_model):
     engine.load_weights(iter(hf_model.named_parameters()))
 
 
+def test_a_reload_whose_stream_breaks_half_way_leaves_the_engine_able_to_reload(engine, hf_model):
+    """A group sync that broke (the sender or another engine died) stops the weights in the
+    middle of vLLM's layer-wise reload; the error surfaces, and the sync redone reloads the
+    whole model and serves it (``worker_ext.abandon_reload``)."""
+    named = list(hf_model.named_parameters())
+    # cut inside a layer: q of the fused qkv projection arrived, k and v never will
+    cut = next(i for i, (name, _) in enumerate(named) if name.endswith("q_proj.weight")) + 1
+
+    def broken():
+        yield from named[:cut]
+        raise ConnectionError("weight-sync group rank 1/3: bucket 7 failed")
+
+    with pytest.raises(ConnectionError, match="bucket 7"):
+        engine.load_weights(broken())
+    stats = engine.load_weights(iter(named))
+    assert stats["num_tensors"] == len(named) + 1
+    batch = prompts(3, 40, offset=5)
+    out = engine.generate(batch, n=2, max_new_tokens=16, seed=3, ignore_eos=True)
+    assert max_logprob_gap(hf_model, batch, out) <= TOL
+
+
 def test_offload_and_reload_are_noops_on_cpu(engine):
     engine.offload_states()
     with pytest.raises(RuntimeError, match="reload_states"):

@@ -281,6 +281,26 @@ def test_other_train_ranks_send_nothing_but_join_zero3_gathers(zero_stage, walke
     TrainRank(source, rank=1).weight_sync_join("collective", {})  # no group of its own
 
 
+@pytest.mark.parametrize(("zero_stage", "walked"), [(3, 2), (2, 1)])
+def test_a_sender_whose_group_broke_still_joins_the_rest_of_the_zero3_gathers(zero_stage, walked):
+    """An engine died mid-sync: the send fails in the group after the first bucket, and under
+    ZeRO-3 the sender walks the other buckets (the other ranks gather them with it) before the
+    error surfaces; under ZeRO 0-2 nothing is gathered together."""
+    from roll_ds.weight_sync.base import TransferError
+
+    class BrokenGroup(CollectiveSender):
+        def send(self, buckets):
+            next(iter(buckets))
+            raise TransferError("weight-sync group rank 0/3: bucket 0 failed")
+
+    source = FakeSource(zero_stage)
+    train = TrainRank(source)
+    train.weight_sender = BrokenGroup(device="cpu")
+    with pytest.raises(TransferError, match="bucket 0 failed"):
+        train.publish_weights("collective", 1 << 20)
+    assert source.walked == walked
+
+
 def test_a_second_train_rank_sends_to_its_own_group():
     """cuda_ipc's shape with the broadcast plane on CPU: train rank 1 is a sender (senders=(1,))
     and streams the same buckets to the member paired with it."""
