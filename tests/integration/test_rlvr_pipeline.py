@@ -1,8 +1,9 @@
 """The real pipeline (Ray + DeepSpeed ZeRO-3 LoRA + vLLM + reward actors) through run.py.
 
-One uninterrupted run doubles as the smoke test; a second run is SIGKILLed after its first
-checkpoint and resumed, and its metrics must equal the uninterrupted run's. A 2-step run goes
-through vLLM's multiprocess engine (the GPU path's process boundary, on CPU).
+One uninterrupted run doubles as the smoke test (the session's default run, conftest.py, which
+test_export_hf.py reads too); a second run is SIGKILLed after its first checkpoint and resumed,
+and its metrics must equal the uninterrupted run's. One 2-step run syncs the LoRA adapter alone
+through vLLM's multiprocess engine (the GPU path's process boundary, on CPU); two tests read it.
 """
 
 from __future__ import annotations
