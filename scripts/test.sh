@@ -29,6 +29,13 @@ fi
 flavour="${ROLL_DS_FLAVOUR:-$flavour}"
 bash scripts/setup.sh "$flavour"
 venv="${ROLL_DS_VENV:-.venv}"
+# DeepSpeed's JIT-built ops (deepspeed_shm_comm at every trainer start, cpu_adam, ...) cached with
+# the venv they are built against. In the shared default cache a build records its venv's paths,
+# so two checkouts' venvs on one machine rebuild each op whenever the other used it last: the
+# ninja logs there showed cpu_adam rebuilt 9 times, 60-260 s each, alternating between 3 venvs,
+# each rebuild charged to whichever test started a trainer next.
+TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(cd "$venv" && pwd)/torch_extensions}"
+export TORCH_EXTENSIONS_DIR
 
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .

@@ -48,6 +48,22 @@ def engine(tiny_qwen2_dir):
     strategy.close()
 
 
+@pytest.fixture(scope="session")
+def default_pipeline_run(tmp_path_factory):
+    """run.py on the RLVR default with ``_pipeline_run.SMALL`` and ``export.every_save=true``,
+    once per session: ``(out_dir, completed process)``. The smoke test of
+    ``test_rlvr_pipeline.py`` (and the runs compared with it there) and the export test of
+    ``test_export_hf.py`` read the same run; exporting at each save changes no metric (it runs
+    after the step's row is logged). A fixture holding a finished run's directory, not live
+    processes: sharing it across modules costs nothing."""
+    from _pipeline_run import run
+
+    out = tmp_path_factory.mktemp("default_run")
+    result = run(out, "export.every_save=true")
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out, result
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leaks_at_session_end():
     if os.environ.get("ROLL_DS_LEAK_CHECK", "1") == "0":

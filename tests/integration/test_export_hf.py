@@ -5,7 +5,8 @@ run does (``export_hf``) and save a checkpoint the way ``RLVRPipeline.save_check
 in this process, without Ray or a process group: the live export and the converter's output
 (``python -m roll_ds.export``) give the trainer's logits in plain transformers, the adapters give
 them with peft on the base, and vLLM serves the converted directory with the same greedy answers
-as transformers. The last test runs the pipeline with ``export.every_save``.
+as transformers. The last test reads the session's default pipeline run (conftest.py), which
+exports at every save (``export.every_save``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import pytest
 from _dist import run_distributed
-from _pipeline_run import run
 from _train_helpers import make_strategy, nll_loss, rank_batch
 
 from roll_ds.checkpoint import COMPLETE, LATEST, STATE_FILE
@@ -187,12 +187,12 @@ def test_vllm_serves_the_export_with_transformers_answers(trained):
     assert served == want, [tokenizer.decode(a) for a in served + want]
 
 
-def test_pipeline_exports_at_every_save_and_the_converter_agrees(tmp_path):
+def test_pipeline_exports_at_every_save_and_the_converter_agrees(default_pipeline_run, tmp_path):
+    """The session's default run (conftest.py), which exports at every save."""
     from safetensors.torch import load_file
 
-    result = run(tmp_path, "export.every_save=true")
-    assert result.returncode == 0, result.stderr[-4000:]
-    run_dir = tmp_path / "rlvr_lora_zero3"
+    out, result = default_pipeline_run
+    run_dir = out / "rlvr_lora_zero3"
     hf = run_dir / "hf"
     assert sorted(p.name for p in hf.iterdir()) == ["step_000002", "step_000004"]
     assert f"Hugging Face model (transformers, vLLM) in {hf / 'step_000004'}" in result.stdout

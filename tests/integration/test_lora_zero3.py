@@ -174,14 +174,38 @@ def check_lora_results(results: list, frozen_base: str, engine_stage: int, atol:
     assert "model.safetensors" in root["export_files"] and "config.json" in root["export_files"]
 
 
-@pytest.mark.parametrize(("frozen_base", "adapter_stage", "engine_stage"), CASES)
-def test_lora_under_zero3(tiny_qwen2_dir, tmp_path, frozen_base, adapter_stage, engine_stage):
-    results = run_distributed(
-        _lora_checks,
-        world_size=2,
-        args=(tiny_qwen2_dir, str(tmp_path / "export"), frozen_base, adapter_stage),
-        timeout_s=400,
+def _case(frozen_base: str, adapter_stage) -> str:
+    return f"{frozen_base}-{adapter_stage}"
+
+
+def _lora_cases(model_path: str, out_dir: str, cases: list) -> dict:
+    """``_lora_checks`` of every case, one after another in this process group."""
+    out = {}
+    for frozen_base, adapter_stage, _ in cases:
+        name = _case(frozen_base, adapter_stage)
+        try:
+            export = os.path.join(out_dir, name)
+            out[name] = _lora_checks(model_path, export, frozen_base, adapter_stage)
+        except Exception as err:
+            raise RuntimeError(f"case {name}") from err  # the traceback names the case
+    return out
+
+
+@pytest.fixture(scope="module")
+def lora_results(tiny_qwen2_dir, tmp_path_factory) -> dict[str, list[dict]]:
+    """Each case's ``_lora_checks``, one per rank. The cases share one 2-rank process group
+    (as test_zero_parity.py's stages do): a group of its own per case started 2 ranks, each
+    importing torch and DeepSpeed, 4 times (~15 s a case)."""
+    out = tmp_path_factory.mktemp("lora_exports")
+    ranks = run_distributed(
+        _lora_cases, world_size=2, args=(tiny_qwen2_dir, str(out), CASES), timeout_s=1000
     )
+    return {name: [rank[name] for rank in ranks] for name in ranks[0]}
+
+
+@pytest.mark.parametrize(("frozen_base", "adapter_stage", "engine_stage"), CASES)
+def test_lora_under_zero3(lora_results, frozen_base, adapter_stage, engine_stage):
+    results = lora_results[_case(frozen_base, adapter_stage)]
     check_lora_results(results, frozen_base, engine_stage, ATOL)
 
 

@@ -89,16 +89,39 @@ def _compare(model_path: str, stage: int, lora_dropout: float, budget: int | Non
     }
 
 
-@pytest.mark.parametrize(
-    ("stage", "budget"),
-    [(2, None), (3, None), (3, 24)],
-    ids=["zero2", "zero3", "zero3-token-budget-packed"],
-)
-def test_train_step_fills_old_logprobs_as_the_separate_pass(tiny_qwen2_dir, stage, budget):
-    results = run_distributed(
-        _compare, world_size=2, args=(tiny_qwen2_dir, stage, 0.0, budget), timeout_s=300
+# (ZeRO stage, LoRA dropout, token budget) of each case. All run in one 2-rank process group
+# (the ``compared`` fixture), one after another as test_zero_parity.py's stages do: a group of
+# its own per case started 2 ranks, each importing torch and DeepSpeed, 4 times (~15 s a case).
+CASES = {
+    "zero2": (2, 0.0, None),
+    "zero3": (3, 0.0, None),
+    "zero3-token-budget-packed": (3, 0.0, 24),
+    "zero2-dropout": (2, 0.5, None),
+}
+
+
+def _compare_cases(model_path: str, cases: dict) -> dict:
+    out = {}
+    for name, (stage, lora_dropout, budget) in cases.items():
+        try:
+            out[name] = _compare(model_path, stage, lora_dropout, budget)
+        except Exception as err:
+            raise RuntimeError(f"case {name}") from err  # the traceback names the case
+    return out
+
+
+@pytest.fixture(scope="module")
+def compared(tiny_qwen2_dir) -> dict[str, list[dict]]:
+    """Each case's results, one per rank."""
+    ranks = run_distributed(
+        _compare_cases, world_size=2, args=(tiny_qwen2_dir, CASES), timeout_s=600
     )
-    for res in results:
+    return {name: [rank[name] for rank in ranks] for name in CASES}
+
+
+@pytest.mark.parametrize("case", ["zero2", "zero3", "zero3-token-budget-packed"])
+def test_train_step_fills_old_logprobs_as_the_separate_pass(compared, case):
+    for res in compared[case]:
         assert res["no_grad_rows"] == [4], res  # only the second optimizer step's rows
         assert res["old_diff_first_step"] <= ATOL, res
         assert res["old_diff_later_steps"] <= ATOL, res
@@ -107,10 +130,10 @@ def test_train_step_fills_old_logprobs_as_the_separate_pass(tiny_qwen2_dir, stag
         assert res["weights_diff"] <= ATOL, res
 
 
-def test_with_dropout_every_row_gets_the_no_grad_forward(tiny_qwen2_dir):
+def test_with_dropout_every_row_gets_the_no_grad_forward(compared):
     """A train forward with dropout is not the old policy's: the first step's rows must not
     take it (they would differ from the eval-mode pass by the dropped units)."""
-    [res, _] = run_distributed(_compare, world_size=2, args=(tiny_qwen2_dir, 2, 0.5), timeout_s=300)
+    [res, _] = compared["zero2-dropout"]
     assert res["no_grad_rows"] == [8], res
     assert res["old_diff_first_step"] <= ATOL, res
     assert res["old_diff_later_steps"] <= ATOL, res

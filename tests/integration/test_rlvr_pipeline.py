@@ -1,15 +1,18 @@
 """The real pipeline (Ray + DeepSpeed ZeRO-3 LoRA + vLLM + reward actors) through run.py.
 
-One uninterrupted run doubles as the smoke test; a second run is SIGKILLed after its first
-checkpoint and resumed, and its metrics must equal the uninterrupted run's. A 2-step run goes
-through vLLM's multiprocess engine (the GPU path's process boundary, on CPU).
+One uninterrupted run doubles as the smoke test (the session's default run, conftest.py, which
+test_export_hf.py reads too); a second run is SIGKILLed after its first checkpoint and resumed,
+and its metrics must equal the uninterrupted run's. One 2-step run syncs the LoRA adapter alone
+through vLLM's multiprocess engine (the GPU path's process boundary, on CPU); two tests read it.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
+from _leaks import LeakWatch, Leftovers
 from _pipeline_run import (
     SMALL,
     assert_same_metrics,
@@ -25,11 +28,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("straight")
-    result = run(out)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return out
+def straight(default_pipeline_run) -> Path:
+    """The uninterrupted run (conftest.py: shared with test_export_hf.py, which exports at
+    every save)."""
+    return default_pipeline_run[0]
 
 
 def assert_rollout_is_the_trainers(row: dict, sync: dict) -> None:
@@ -144,39 +146,16 @@ def test_a_trainer_rank_that_stops_answering_mid_step_restarts_the_run(tmp_path:
     print(f"\nhung rank 1: named after the {bound_s} s bound, run restarted, done in {took:.0f} s")
 
 
-def test_adapter_sync_over_a_collective_group(straight: Path, tmp_path: Path):
-    """``weight_sync.lora_sync=adapter`` through a gloo broadcast group: only the LoRA adapter
-    travels, vLLM serves base + adapter, and its log-probs still equal the trainer's."""
-    result = run(
-        tmp_path,
-        "max_steps=2",
-        "save_steps=0",
-        "eval_steps=0",
-        "weight_sync.lora_sync=adapter",
-        "weight_sync.transport=collective",
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    rows = metrics(tmp_path)
-    merged = {r["step"]: r for r in metrics(straight)}
-    merged_syncs = served_syncs(metrics(straight))
-    assert [r["step"] for r in rows] == [1, 2]
-    for row in rows:
-        assert_rollout_is_the_trainers(row, row)
-        # r16 adapters on every linear layer of the 428k-parameter model: 0.31 MB vs 1.7 MB
-        assert row["sync/bytes"] < merged_syncs[row["step"]]["sync/bytes"] / 4
-    # Step 1 samples from the untrained adapter (lora_B = 0): the same rollouts as merged.
-    for key in ("rollout/score", "rollout/response_length"):
-        assert rows[0][key] == pytest.approx(merged[1][key], rel=1e-6), key
-
-
-def test_two_steps_across_vllms_process_boundary(tmp_path: Path):
-    """``ROLL_DS_VLLM_MULTIPROC=1`` (the role's system_envs): the engine core and its worker are
-    processes of their own as on GPU, so the collective seats and the adapter target cross
-    vLLM's serializer; every sync still reaches parity with the trainer. The run leaves
-    nothing behind: vLLM's message queues in /dev/shm (``psm_*``, 400 MB of them before the
-    workers closed at shutdown) and every process it started are gone once it ends."""
+@pytest.fixture(scope="module")
+def adapter_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Leftovers, LeakWatch]:
+    """One 2-step run with ``weight_sync.lora_sync=adapter`` over a gloo broadcast group, through
+    vLLM's multiprocess engine (``ROLL_DS_VLLM_MULTIPROC=1``, the role's system_envs), watched for
+    leftovers; the two tests below assert on it. One run, not one each: the in-process engine
+    takes the same adapter through the same worker extension, so the multiprocess run covers it
+    and also crosses vLLM's serializer (a run costs ~60 s of CI here)."""
+    out = tmp_path_factory.mktemp("adapter")
     result, left, watch = run_watched(
-        tmp_path,
+        out,
         "max_steps=2",
         "save_steps=0",
         "eval_steps=0",
@@ -185,13 +164,37 @@ def test_two_steps_across_vllms_process_boundary(tmp_path: Path):
         '+actor_infer.system_envs.ROLL_DS_VLLM_MULTIPROC="1"',
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "(EngineCore pid=" in result.stdout  # the engine core logged from its own process
-    assert any(name.startswith("psm_") for name in watch.files), watch.files  # it had some
-    assert not left, left.describe()
-    rows = metrics(tmp_path)
+    return out, result, left, watch
+
+
+def test_adapter_sync_over_a_collective_group(straight: Path, adapter_run):
+    """``weight_sync.lora_sync=adapter`` through a gloo broadcast group: only the LoRA adapter
+    travels, vLLM serves base + adapter, and its log-probs still equal the trainer's."""
+    out = adapter_run[0]
+    rows = metrics(out)
+    merged = {r["step"]: r for r in metrics(straight)}
+    merged_syncs = served_syncs(metrics(straight))
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert_rollout_is_the_trainers(row, row)  # no evaluation: every step syncs
+        # r16 adapters on every linear layer of the 428k-parameter model: 0.31 MB vs 1.7 MB
+        assert row["sync/bytes"] < merged_syncs[row["step"]]["sync/bytes"] / 4
+    # Step 1 samples from the untrained adapter (lora_B = 0): the same rollouts as merged.
+    for key in ("rollout/score", "rollout/response_length"):
+        assert rows[0][key] == pytest.approx(merged[1][key], rel=1e-6), key
+
+
+def test_two_steps_across_vllms_process_boundary(adapter_run):
+    """``ROLL_DS_VLLM_MULTIPROC=1`` (the role's system_envs): the engine core and its worker are
+    processes of their own as on GPU, so the collective seats and the adapter target cross
+    vLLM's serializer; every sync still reaches parity with the trainer (the test above). The
+    run leaves nothing behind: vLLM's message queues in /dev/shm (``psm_*``, 400 MB of them
+    before the workers closed at shutdown) and every process it started are gone once it
+    ends."""
+    _, result, left, watch = adapter_run
+    assert "(EngineCore pid=" in result.stdout  # the engine core logged from its own process
+    assert any(name.startswith("psm_") for name in watch.files), watch.files  # it had some
+    assert not left, left.describe()
 
 
 def test_bad_data_fails_before_training_with_file_and_line(tmp_path: Path):

@@ -93,7 +93,7 @@ def test_a_param_torch_does_not_take_fails_at_start_naming_it(monkeypatch):
 
 ENGINE = textwrap.dedent(
     """
-    import json, os, sys, tempfile
+    import importlib, json, os, sys, tempfile
     import torch, torch.distributed as dist
     from deepspeed.ops import op_builder
     from deepspeed.ops.adam import fused_adam
@@ -104,6 +104,11 @@ ENGINE = textwrap.dedent(
 
     # the builder by both names: DeepSpeed's op registry and FusedAdam's constructor
     op_builder.FusedAdamBuilder = fused_adam.FusedAdamBuilder = UnbuildableOp
+    # Nor its CPU shared-memory all-reduce op, which init_distributed JIT-builds (70-130 s when
+    # the extension cache is cold or was built by another venv): one rank reduces nothing, and
+    # plain gloo is what the engine then uses.
+    # (the module by its full name: deepspeed.comm's attribute "torch" is torch itself)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0,
                             world_size=1)
     from roll_ds.config.schema import TrainingArgs
