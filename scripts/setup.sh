@@ -39,7 +39,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 
 start=$(date +%s)
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+# A venv whose creation was interrupted has a python but no pip: made again rather than kept.
+"$venv/bin/python" -m pip --version >/dev/null 2>&1 || "$python" -m venv --clear "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install -q --upgrade pip
 
