@@ -18,6 +18,8 @@ import logging
 import os
 import signal
 
+from roll_ds.distributed.hang_hook import armed
+
 ENV = "ROLL_DS_TEST_KILL_ENV_HOST"
 logger = logging.getLogger(__name__)
 _calls = itertools.count(1)  # this process's step calls (a host serves one call at a time)
@@ -25,17 +27,7 @@ _calls = itertools.count(1)  # this process's step calls (a host serves one call
 
 def kill_if_asked() -> None:
     """SIGKILL this process when ``ENV`` names this step call and its marker does not exist."""
-    spec = os.environ.get(ENV)
-    if not spec:
+    if not armed(ENV, next(_calls)):
         return
-    target, _, marker = spec.partition(":")
-    if not marker:
-        raise ValueError(f"{ENV}={spec!r}: expected <n>:<marker file>")
-    if next(_calls) != int(target):
-        return
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return  # this marker's kill happened already (the replacement host)
     logger.warning("%s: this environment host SIGKILLs itself (a test hook)", ENV)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -20,20 +20,29 @@ ENV = "ROLL_DS_TEST_HANG_TRAIN_STEP"
 logger = logging.getLogger(__name__)
 
 
-def hang_if_asked(rank: int) -> None:
-    """Sleep forever when ``ENV`` names ``rank`` and its marker file does not exist yet."""
-    spec = os.environ.get(ENV)
+def armed(env: str, at: int) -> bool:
+    """Whether the test hook ``env`` (``<n>:<marker file>``, unset: inert) fires at ``at``: its
+    ``n`` is ``at`` and this call creates the marker (once per marker: the replacement or the
+    restarted run that counts to ``n`` again finds it and goes on)."""
+    spec = os.environ.get(env)
     if not spec:
-        return
+        return False
     target, _, marker = spec.partition(":")
     if not marker:
-        raise ValueError(f"{ENV}={spec!r}: expected <rank>:<marker file>")
-    if int(target) != rank:
-        return
+        raise ValueError(f"{env}={spec!r}: expected <n>:<marker file>")
+    if int(target) != at:
+        return False
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        return  # this marker's hang happened already (a restarted run)
+        return False  # this marker's fault happened already
+    return True
+
+
+def hang_if_asked(rank: int) -> None:
+    """Sleep forever when ``ENV`` names ``rank`` and its marker file does not exist yet."""
+    if not armed(ENV, rank):
+        return
     logger.warning("%s: rank %d stops answering in this train step (a test hook)", ENV, rank)
     while True:
         time.sleep(3600)
