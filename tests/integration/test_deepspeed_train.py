@@ -1,10 +1,13 @@
 """deepspeed_train features on 2 CPU ranks: gradient accumulation, LR schedule, reported grad
 norm, DeepSpeed-built optimizer, gradient checkpointing under ZeRO-3, bf16, entropy in the loss,
-offload/reload (a no-op on CPU), fp16 refused on CPU, batch-size checks."""
+offload/reload (a no-op on CPU), fp16 as the host allows it (trained where DeepSpeed's accelerator
+runs fp16, refused with its reason where not; the refusal forced and checked on every host),
+batch-size checks."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from _dist import run_distributed
@@ -112,11 +115,40 @@ def _checks(model_path: str) -> dict:
     res["bf16"] = [m["loss"] for m in bf16_metrics]
     res["bf16_entropy"] = bf16_metrics[0]["entropy"]
 
-    try:
-        make_strategy(model_path, 2, dtype="fp16")
-    except ValueError as exc:
-        res["fp16_error"] = str(exc)
+    res.update(_fp16_checks(model_path, batch))
     return res
+
+
+def _fp16_checks(model_path: str, batch: dict) -> dict:
+    """fp16 on this host as DeepSpeed's accelerator reports it, then the refusal with the query
+    forced false: CPUs differ (oneDNN runs fp16 only with AVX512-FP16 / AMX-FP16), so the host's
+    own answer decides which path runs natively and the other is reached by forcing the query
+    (test_fp16_loss_scale forces it true on hosts without fp16)."""
+    from deepspeed.accelerator import get_accelerator
+
+    res: dict = {"fp16_host": bool(get_accelerator().is_fp16_supported())}
+    if res["fp16_host"]:
+        fp16 = make_strategy(model_path, 2, dtype="fp16", **LR_ARGS)
+        res["fp16_dtype"] = str(next(fp16.module.parameters()).dtype)
+        res["fp16_metrics"] = _run(fp16, batch, steps=2)
+    else:
+        res["fp16_native_error"] = _fp16_refusal(model_path)
+    cls = type(get_accelerator())
+    real = cls.is_fp16_supported
+    cls.is_fp16_supported = lambda self: False
+    try:
+        res["fp16_error"] = _fp16_refusal(model_path)
+    finally:
+        cls.is_fp16_supported = real
+    return res
+
+
+def _fp16_refusal(model_path: str) -> str:
+    try:
+        make_strategy(model_path, 2, dtype="fp16").close()
+    except ValueError as exc:
+        return str(exc)
+    return "<fp16 was not refused>"
 
 
 def test_train_features(tiny_qwen2_dir):
@@ -142,5 +174,19 @@ def test_train_features(tiny_qwen2_dir):
         # bf16 forward/backward vs fp32: close, not equal (measured ~1e-3 relative).
         assert res["bf16"] == pytest.approx(accum, rel=3e-2), f"{where}: {res['bf16']} vs {accum}"
         assert 0 < res["bf16_entropy"] < 5.0  # at most log(128) = 4.85 for a 128-token vocab
-        # DeepSpeed's CPU accelerator runs fp16 only with oneDNN fp16 kernels (AVX512-FP16)
-        assert "is_fp16_supported" in res["fp16_error"] and "bf16" in res["fp16_error"]
+        _assert_fp16(res, where)
+
+
+def _assert_fp16(res: dict, where: str) -> None:
+    # DeepSpeed's CPU accelerator runs fp16 only with oneDNN fp16 kernels (AVX512-FP16 / AMX-FP16)
+    if res["fp16_host"]:
+        assert res["fp16_dtype"] == "torch.float16", where
+        for m in res["fp16_metrics"]:  # the loss scaler is on: every step reports its scale
+            assert m["train/loss_scale"] > 0 and math.isfinite(m["loss"]), (where, m)
+    else:
+        assert "is_fp16_supported" in res["fp16_native_error"], (where, res["fp16_native_error"])
+    # the refusal, forced on every host: its reason and the fix
+    assert "is_fp16_supported" in res["fp16_error"] and "bf16" in res["fp16_error"], (
+        where,
+        res["fp16_error"],
+    )
