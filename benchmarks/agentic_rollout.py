@@ -138,7 +138,9 @@ def main() -> None:
         )
     print(f"batched / one at a time: {speedup:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    from roll_ds.host import with_host  # the host with the figures
+
+    Path(args.out).write_text(json.dumps(with_host(report), indent=2))
 
 
 if __name__ == "__main__":

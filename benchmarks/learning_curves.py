@@ -108,7 +108,9 @@ def main() -> None:
     plot(curves, out, args.config)
     command = " ".join(["python", "benchmarks/learning_curves.py", *sys.argv[1:]])
     record = {"command": command, "config": args.config, "seeds": args.seeds, "curves": curves}
-    out.with_suffix(".json").write_text(json.dumps({**record, "metrics": metrics}))
+    from roll_ds.host import with_host  # the host with the figures
+
+    out.with_suffix(".json").write_text(json.dumps(with_host({**record, "metrics": metrics})))
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

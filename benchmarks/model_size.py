@@ -446,7 +446,9 @@ def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
 def write_results(results: dict[str, Any], path: str) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    from roll_ds.host import with_host  # the host with the figures
+
+    out.write_text(json.dumps(with_host(results), indent=1))
     print(f"wrote {out}", flush=True)
 
 

@@ -137,7 +137,9 @@ def main() -> None:
             print(f"{key:<{width}}  {value}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    from roll_ds.host import with_host  # the host with the figures
+
+    out.write_text(json.dumps(with_host(result), indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -55,7 +55,10 @@ def main() -> int:
             for seed in args.seeds:
                 runs.append(eval_curve(config, seed, Path(tmp), args.overrides))
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(runs, indent=2) + "\n")  # partial results too
+                from roll_ds.host import with_host  # the host with the figures
+
+                # partial results too
+                args.out.write_text(json.dumps(with_host(runs), indent=2) + "\n")
     print(f"\n{'config':<26} {'seed':>4}  step 0 -> last  gain (points)  curve")
     for run in runs:
         (_, first), (last_step, last) = run["curve"][0], run["curve"][-1]

@@ -178,7 +178,9 @@ def result_line(r: dict) -> str:
 def write_results(results: list[dict], path: str) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    from roll_ds.host import with_host  # the host with the figures
+
+    out.write_text(json.dumps(with_host(results), indent=1))
     print(f"wrote {out}")
 
 

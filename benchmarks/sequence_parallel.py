@@ -190,8 +190,10 @@ def main(argv: list[str] | None = None) -> None:
         "runs": runs,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    from roll_ds.host import with_host  # the host with the figures
+
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(with_host(result), f, indent=1)
     print("wrote", args.out)
 
 

@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"x{ratio['logprobs_cpu_s']:.2f})"
             )
     if args.out:
+        from roll_ds.host import host_record  # the host with the figures
+
         Path(args.out).write_text(
             json.dumps(
                 {
@@ -241,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                     "torch_threads": torch.get_num_threads(),
                     "results": results,
                     "speedups_vs_rows_padded": ratios,
+                    "host": host_record(),
                 },
                 indent=2,
             )

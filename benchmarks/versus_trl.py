@@ -138,7 +138,9 @@ def main() -> None:
         print(table(model, results), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    from roll_ds.host import with_host  # the host with the figures
+
+    out.write_text(json.dumps(with_host(report), indent=1))
     print(f"wrote {out}")
 
 

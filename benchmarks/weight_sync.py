@@ -400,7 +400,9 @@ def main() -> None:
     print_table(rows, memcpy)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    from roll_ds.host import with_host  # the host with the figures
+
+    out.write_text(json.dumps(with_host(result), indent=2))
     print(f"wrote {out}")
 
 

@@ -330,6 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     table = report(rows, args.dtype, args.world_size)
     print(table)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    from roll_ds.host import host_record  # the host with the figures
+
     with open(args.out, "w") as f:
         settings = {k: v for k, v in vars(args).items() if k not in ("tmp", "configs")}
         json.dump(
@@ -338,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
                 "configs": sorted(args.configs),
                 "rows": rows,
                 "table": table.splitlines(),
+                "host": host_record(),
             },
             f,
             indent=2,

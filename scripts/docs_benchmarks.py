@@ -33,6 +33,11 @@ def _load(name: str) -> Any:
     return json.loads(path.read_text())
 
 
+def _models(name: str) -> dict[str, list[dict]]:
+    """A versus_trl JSON's runs by model (its ``host`` record left out)."""
+    return {k: v for k, v in _load(name).items() if k != "host"}
+
+
 def _s(value: float) -> str:
     """Seconds as the tables print them: two decimals, 0 below half a hundredth."""
     return "0" if abs(value) < 0.005 else f"{value:.2f}"
@@ -82,7 +87,7 @@ VERSUS_TRL = [  # (file, the block's label, labels that differ in this block)
 def versus_trl() -> str:
     rows = []
     for name, block, labels in VERSUS_TRL:
-        runs = next(iter(_load(name).values()))
+        runs = next(iter(_models(name).values()))
         trl = next(r for r in runs if r.get("engine") == "trl")
         for i, run in enumerate(runs):
             label, old = {**RUNS, **labels}[run["who"]]
@@ -167,7 +172,7 @@ def _perf(run: dict) -> tuple[str, str]:
 def readme_speed() -> str:
     rows = []
     for name, label in README_SPEED:
-        runs = {r["who"]: r for r in next(iter(_load(name).values()))}
+        runs = {r["who"]: r for r in next(iter(_models(name).values()))}
         trl = runs["TRL 2 thread(s)"]["step_s"]
         sync = runs["roll_ds sync"]["median_s"]["step"]
         stream = runs["roll_ds stream2_rollout"]["median_s"]["step"]

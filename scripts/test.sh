@@ -37,6 +37,10 @@ venv="${ROLL_DS_VENV:-.venv}"
 TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(cd "$venv" && pwd)/torch_extensions}"
 export TORCH_EXTENSIONS_DIR
 
+# The host first: CPUs differ between days in what they run (fp16/bf16/AMX kernels) and in speed,
+# and a run's log should say which one it had (roll_ds/host.py).
+"$venv/bin/python" -m roll_ds.host
+
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 # The documentation site (docs/, mkdocs.yml): any warning fails, a broken link or anchor too.

@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "roll_ds.log_noise",
             "roll_ds.tracking",
             "roll_ds.checkpoint",
+            "roll_ds.host",
         ),
     ),
     ("config", ("roll_ds.config", "roll_ds.platform")),
