@@ -81,6 +81,13 @@ def deepspeed_roles(cfg: RLVRConfig) -> Iterator[tuple[str, WorkerConfig, dict]]
             yield name, role, ds
 
 
+def preset_of(cfg: RLVRConfig, ds: dict) -> str | None:
+    """The name of the preset (``deepspeed_zero3``, ...) a role's DeepSpeed config is, if it is
+    one unchanged."""
+    presets = (f for f in type(cfg).__dataclass_fields__ if f.startswith("deepspeed_"))
+    return next((name for name in presets if getattr(cfg, name) == ds), None)
+
+
 def ranks_per_node(cfg: RLVRConfig, role: WorkerConfig) -> list[int]:
     """The role's ranks on each node it uses (device id // num_gpus_per_node is the node); []
     when its placement does not parse (reported by the role checks)."""
@@ -97,7 +104,8 @@ def ranks_per_node(cfg: RLVRConfig, role: WorkerConfig) -> list[int]:
 
 
 def deepspeed_run_problems(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
-    """ZeRO++ against the device and the nodes, and (``check_files``) NVMe offload against
+    """ZeRO++ against the device and the nodes, and (``check_files``) each section against
+    DeepSpeed's own config models (``ds_models.py``: imports DeepSpeed) and NVMe offload against
     libaio and the disk (``strategies/deepspeed/nvme.py``), for every DeepSpeed role. A memory
     file system under an ``nvme_path`` is logged as a warning."""
     problems = []
@@ -105,6 +113,10 @@ def deepspeed_run_problems(cfg: RLVRConfig, *, check_files: bool = True) -> list
         field = f"{name}.strategy_args.strategy_config"
         problems += zeropp_device_problems(ds, field, cfg.device)
         problems += zeropp_topology_problems(ds, field, ranks_per_node(cfg, role))
+        if check_files:
+            from strategies.deepspeed.ds_models import deepspeed_model_problems
+
+            problems += deepspeed_model_problems(ds, field, preset_of(cfg, ds))
         if check_files and nvme_paths(ds):
             found, warnings = role_nvme_problems(cfg, name, role, ds)
             problems += found
