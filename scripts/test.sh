@@ -49,4 +49,5 @@ NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet
 marker=(-m "not slow")
 [ "${ROLL_DS_SLOW:-0}" = 1 ] && marker=()
 [ "$#" -gt 0 ] && marker=()
-exec "$venv/bin/python" -m pytest "${marker[@]}" "$@"
+# the 25 slowest tests at the end: where CI's time goes
+exec "$venv/bin/python" -m pytest --durations=25 "${marker[@]}" "$@"
