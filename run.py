@@ -31,6 +31,7 @@ import roll_ds.config.store  # noqa: F401  (registers the typed schema with Hydr
 from roll_ds.config import ConfigError, to_schema, validate
 from roll_ds.config.hints import hint_for_exception
 from roll_ds.config.null_sections import guard_overrides
+from roll_ds.config.paths import launch_dir_importable
 from roll_ds.config.replace import apply_replacements
 
 guard_overrides()  # an override into a null section: set whole, or an error naming it
@@ -53,6 +54,7 @@ def main(raw: DictConfig) -> None:
 def cli() -> None:
     """``main``, with roll_ds's hint printed under Hydra's message when Hydra rejects the config.
     Hydra prints the error and exits 1 while handling it, so the error is the exit's context."""
+    launch_dir_importable()  # a config's module:Class of the user's own (config/paths.py)
     try:
         main()
     except SystemExit as exit_:

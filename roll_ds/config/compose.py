@@ -14,11 +14,11 @@ from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the schema)
 from roll_ds.config.null_sections import guard_overrides
+from roll_ds.config.paths import PROJECT_ROOT
 from roll_ds.config.replace import apply_replacements
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.validate import to_schema, validate
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_DIR = PROJECT_ROOT / "examples" / "qwen_rlvr"
 
 
