@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the typed schema with Hydra)
 from roll_ds.config import ConfigError, to_schema, validate
-from roll_ds.config.hints import hint_for_exception
+from roll_ds.config.hints import hint_for_run
 from roll_ds.config.null_sections import guard_overrides
 from roll_ds.config.paths import launch_dir_importable
 from roll_ds.config.replace import apply_replacements
@@ -58,7 +58,7 @@ def cli() -> None:
     try:
         main()
     except SystemExit as exit_:
-        hint = hint_for_exception(exit_.__context__) if exit_.code == 1 else None
+        hint = hint_for_run(exit_.__context__, sys.argv[1:]) if exit_.code == 1 else None
         if hint:
             print(f"roll_ds hint: {hint}", file=sys.stderr)
         raise

@@ -69,7 +69,7 @@ def test_environments_and_rewards_share_one_resolver(user_module):
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("no_such_module_41:R", "cannot import module 'no_such_module_41' of 'no_such_module_41:R'"),
+        ("no_such_module_41:R", "cannot import module 'no_such_module_41' of 'no_such_mod"),
         ("{mod}:Missing", "module '{mod}' has no 'Missing'"),
         ("{mod}:NotAReward", "is not a reward function"),
         ("ends_wth", "unknown reward function 'ends_wth'; valid: "),
