@@ -21,8 +21,12 @@ def test_the_summary_names_the_stage_in_use_offload_and_precision():
         "DeepSpeed ZeRO stage 3 on 2 rank(s), offload none, bf16"
     )
     lowered = {"zero_optimization": {"stage": 1}}
-    assert strategy(zero3, lowered).summary().startswith(
-        "DeepSpeed ZeRO stage 1 on 2 rank(s) (the config's stage 3; frozen base kept whole)"
+    assert (
+        strategy(zero3, lowered)
+        .summary()
+        .startswith(
+            "DeepSpeed ZeRO stage 1 on 2 rank(s) (the config's stage 3; frozen base kept whole)"
+        )
     )
     offloaded = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
     assert strategy(offloaded, offloaded, 1).summary() == (
