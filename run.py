@@ -29,8 +29,9 @@ from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the typed schema with Hydra)
 from roll_ds.config import ConfigError, to_schema, validate
-from roll_ds.config.hints import hint_for_exception
+from roll_ds.config.hints import hint_for_run
 from roll_ds.config.null_sections import guard_overrides
+from roll_ds.config.paths import launch_dir_importable
 from roll_ds.config.replace import apply_replacements
 
 guard_overrides()  # an override into a null section: set whole, or an error naming it
@@ -53,10 +54,11 @@ def main(raw: DictConfig) -> None:
 def cli() -> None:
     """``main``, with roll_ds's hint printed under Hydra's message when Hydra rejects the config.
     Hydra prints the error and exits 1 while handling it, so the error is the exit's context."""
+    launch_dir_importable()  # a config's module:Class of the user's own (config/paths.py)
     try:
         main()
     except SystemExit as exit_:
-        hint = hint_for_exception(exit_.__context__) if exit_.code == 1 else None
+        hint = hint_for_run(exit_.__context__, sys.argv[1:]) if exit_.code == 1 else None
         if hint:
             print(f"roll_ds hint: {hint}", file=sys.stderr)
         raise

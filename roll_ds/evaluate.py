@@ -310,7 +310,7 @@ def _load_config(name: str, overrides: list[str], config_dir: str | None) -> RLV
         cfg = to_schema(compose_config(name, overrides, config_dir))
         validate(cfg)
     except (HydraException, OmegaConfBaseException) as exc:
-        hint = hint_for_exception(exc)
+        hint = hint_for_exception(exc, config_name=name, config_dir=config_dir, overrides=overrides)
         raise ValueError(f"{exc}" + (f"\nroll_ds hint: {hint}" if hint else "")) from None
     return cfg
 

@@ -255,7 +255,7 @@ def convert_checkpoint(
     partial = begin_dir(out)
     written: dict[str, str] = {}
     if adapter_only:
-        write_adapter(model, str(partial), write=True)
+        write_adapter(model, str(partial), write=True, base_model=base or info.base_model)
         written["adapter"] = str(out)
     else:
         write_hf_model(
@@ -267,7 +267,9 @@ def convert_checkpoint(
         )
         written["model"] = str(out)
         if info.lora is not None:
-            write_adapter(model, str(partial / ADAPTER_DIR), write=True)
+            write_adapter(
+                model, str(partial / ADAPTER_DIR), write=True, base_model=base or info.base_model
+            )
             written["adapter"] = str(out / ADAPTER_DIR)
     if out.exists():  # empty
         out.rmdir()

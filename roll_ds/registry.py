@@ -10,16 +10,69 @@
 
 Entries can also be registered lazily as ``"module:attr"`` strings (``register_lazy``) so that
 names can be listed and configs validated without importing heavy backends; ``get`` imports
-them on first use. No imports beyond the standard library.
+them on first use. ``resolve`` also takes an import path of the user's own (``mymod:MyClass``)
+where a config names a part that is not registered (environments, reward functions): one
+resolver, ``import_target``, for every such path. No imports beyond the standard library.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def import_target(target: str) -> object:
+    """The object an import path ``"package.module:attr"`` names (the module imported)."""
+    module_name, _, attr = target.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def import_path_problem(target: str) -> str | None:
+    """Why ``"module:attr"`` names nothing importable, or None; the module is imported (so a
+    missing attribute is found too). The launch directory is importable under ``run.py``."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        return f"{target!r} is not an import path module:Class"
+    try:
+        import_target(target)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        return (
+            f"cannot import module {missing!r} of {target!r} (put it in the directory you "
+            "launch from, or on PYTHONPATH)"
+        )
+    except AttributeError:
+        return f"module {module_name!r} has no {attr!r} ({target!r})"
+    except Exception as exc:  # the user's module failed while importing
+        return f"importing {module_name!r} of {target!r} failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def find_path_problem(target: str) -> str | None:
+    """Like ``import_path_problem`` without importing: only the module is looked for (parts
+    that run in their own processes are imported there)."""
+    module_name, _, attr = target.partition(":")
+    try:
+        found = bool(module_name) and importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found and attr:
+        return None
+    return (
+        f"cannot find module {module_name!r} of {target!r} (put it in the directory you launch "
+        "from, or on PYTHONPATH)"
+    )
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
 
 
 class _Lazy:
@@ -69,10 +122,16 @@ class Registry(Generic[T]):
         self.check(name)
         entry = self._entries[name]
         if isinstance(entry, _Lazy):
-            module_name, _, attr = entry.target.partition(":")
-            entry = getattr(importlib.import_module(module_name), attr)
+            entry = import_target(entry.target)
             self._entries[name] = entry
         return entry
+
+    def resolve(self, name: str) -> T:
+        """A registered name's entry, or the object an import path ``module:attr`` of the
+        user's own names (not registered: nothing to list)."""
+        if name not in self._entries and is_import_path(name):
+            return import_target(name)
+        return self.get(name)
 
     def unknown_message(self, name: object) -> str:
         return f"unknown {self.kind} '{name}'; valid: {', '.join(self.names())}"

@@ -44,6 +44,8 @@ class Episode:
     turn_index: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)  # readable: action, observation
+    # The first observation as the environment gave it (text or chat messages); rows: None.
+    first_observation: Any = None
     status: str = RUNNING
     success: bool = False
     tool_calls: int = 0

@@ -14,10 +14,7 @@ workers run in their own processes, where only importable names resolve.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-
-from roll_ds.registry import Registry
+from roll_ds.registry import Registry, find_path_problem, is_import_path
 
 ENVS: Registry = Registry("environment")
 ENVS.register_lazy("guess_number", "roll_ds.agentic.envs.guess_number:GuessNumberEnv")
@@ -33,25 +30,15 @@ TOOLS.register_lazy("python", "roll_ds.agentic.tools:PYTHON_TOOL")
 
 def env_class(env_type: str) -> type:
     """The environment class a config's ``env_type`` names: a registered name or an import
-    path ``module:Class``."""
-    if ":" in env_type and env_type not in ENVS:
-        module, _, attr = env_type.partition(":")
-        return getattr(importlib.import_module(module), attr)
-    return ENVS.get(env_type)
+    path ``module:Class`` (``Registry.resolve``)."""
+    return ENVS.resolve(env_type)
 
 
 def env_type_problem(env_type: str) -> str | None:
     """Why ``env_type`` names no environment, or None (an import path is checked by finding
-    its module, without importing it)."""
+    its module, without importing it: environment workers import it in their processes)."""
     if env_type in ENVS:
         return None
-    if ":" in env_type:
-        module, _, attr = env_type.partition(":")
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if found and attr:
-            return None
-        return f"cannot find module {module!r} of {env_type!r} (is it on PYTHONPATH?)"
+    if is_import_path(env_type):
+        return find_path_problem(env_type)
     return ENVS.unknown_message(env_type) + "; or an import path module:Class"

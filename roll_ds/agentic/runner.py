@@ -277,6 +277,7 @@ class EpisodeRunner:
                 episode.end(_failure_status(reply))
                 episode.record("", f"reset failed: {reply.error.strip()[-300:]}", 0.0)
                 continue
+            episode.first_observation = reply.observation
             episode.prompt_ids = chat.prompt_ids(reply.observation)
             if episode.context_length >= self.max_context_tokens:
                 episode.turn_rewards.append(0.0)

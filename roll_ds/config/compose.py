@@ -14,23 +14,29 @@ from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the schema)
 from roll_ds.config.null_sections import guard_overrides
+from roll_ds.config.paths import PROJECT_ROOT
 from roll_ds.config.replace import apply_replacements
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.validate import to_schema, validate
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_DIR = PROJECT_ROOT / "examples" / "qwen_rlvr"
 
 
 def compose_config(
-    config_name: str, overrides: list[str] | None = None, config_dir: str | Path | None = None
+    config_name: str,
+    overrides: list[str] | None = None,
+    config_dir: str | Path | None = None,
+    *,
+    replace: bool = True,
 ) -> DictConfig:
-    """Compose ``config_name`` from ``config_dir`` (default examples/qwen_rlvr) like run.py does."""
+    """Compose ``config_name`` from ``config_dir`` (default examples/qwen_rlvr) like run.py does
+    (``replace=False``: its ``replace:`` section is left unapplied)."""
     directory = Path(config_dir or DEFAULT_CONFIG_DIR).resolve()
     overrides = list(overrides or [])
     guard_overrides()  # overrides of null sections, as run.py applies them
     with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-        return apply_replacements(compose(config_name=config_name, overrides=overrides), overrides)
+        cfg = compose(config_name=config_name, overrides=overrides)
+    return apply_replacements(cfg, overrides) if replace else cfg
 
 
 def load_config(

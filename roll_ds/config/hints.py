@@ -4,7 +4,10 @@ Hydra reports a misspelled key as ``Key 'learnin_rate' not in 'TrainingArgs'`` a
 inside an interpolated ``strategy_config`` (``${deepspeed_zero3}``) as ``Key 'zero_optimization'
 is not in struct``, and suggests ``+key=value``, which does not help in either case. ``hint_for``
 reads the error text and returns what to type instead, or None; ``run.py`` prints it below
-Hydra's own message (``hint_for_exception`` takes the exception Hydra reported).
+Hydra's own message (``hint_for_exception`` takes the exception Hydra reported). Given the
+config's name (and directory), it also finds an override of a key that only the config's
+``replace:`` section sets (a new ``custom_envs.<tag>``): Hydra calls it "not in struct" and
+suggests ``+``, which then fails on its type; the hint says ``++replace.<key>=...``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from collections.abc import Sequence
+from pathlib import Path
 
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -20,6 +25,7 @@ from roll_ds.config import schema
 
 _OVERRIDE = re.compile(r"Could not override '(?P<key>[^']+)'")
 _APPEND = re.compile(r"Could not append to config\. An item is already at '(?P<key>[^']+)'")
+_MERGE = re.compile(r"Error merging override (?P<key>[^=\s]+)=")
 # The override's value, from Hydra's "use +key=value" or "'++key=value'" suggestion.
 _VALUES = (
     re.compile(r"To append to your config use \+(?P<key>[^=\s]+)=(?P<value>\S*)"),
@@ -46,15 +52,77 @@ DEEPSPEED_KEYS = (
 TRAINING_ROLES = ("actor_train", "critic")
 
 
-def hint_for_exception(exc: BaseException | None) -> str | None:
+def hint_for_exception(
+    exc: BaseException | None,
+    *,
+    config_name: str | None = None,
+    config_dir: str | Path | None = None,
+    overrides: Sequence[str] = (),
+) -> str | None:
     """The hint for an exception Hydra reported, or None (for errors other than Hydra's or
-    OmegaConf's, and for the ones without a hint)."""
+    OmegaConf's, and for the ones without a hint). With ``config_name`` (the config composed
+    with ``overrides``) an override of a key set only under its ``replace:`` gets that hint."""
     if not isinstance(exc, HydraException | OmegaConfBaseException):
         return None
     text = str(exc)
     if exc.__cause__ is not None:
         text += "\n" + str(exc.__cause__)
+    found = _OVERRIDE.search(text) or _APPEND.search(text) or _MERGE.search(text)
+    if found and config_name:
+        hint = replaced_key_hint(found["key"].lstrip("+~"), config_name, config_dir, overrides)
+        if hint:
+            return hint
     return hint_for(text)
+
+
+def hint_for_run(exc: BaseException | None, argv: Sequence[str]) -> str | None:
+    """``hint_for_exception`` for ``run.py``'s command line ``argv`` (``sys.argv[1:]``)."""
+    name, directory, overrides = _run_args(argv)
+    return hint_for_exception(exc, config_name=name, config_dir=directory, overrides=overrides)
+
+
+def _run_args(argv: Sequence[str]) -> tuple[str | None, str | None, list[str]]:
+    """Hydra's ``--config-name`` / ``-cn``, ``--config-dir`` / ``-cd`` and the overrides."""
+    flags = {"--config-name": 0, "-cn": 0, "--config-dir": 1, "-cd": 1}
+    found: list[str | None] = [None, None]
+    overrides: list[str] = []
+    args = list(argv)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in flags:
+            found[flags[flag]] = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+        elif not arg.startswith("-") and "=" in arg and (i == 0 or args[i - 1] not in flags):
+            overrides.append(arg)
+    return found[0], found[1], overrides
+
+
+def replaced_key_hint(
+    key: str, config_name: str, config_dir: str | Path | None, overrides: Sequence[str]
+) -> str | None:
+    """For an override of ``key`` that the config's ``replace:`` section sets (on a value it
+    replaces whole): the ``++replace.<key>=...`` override to use. The config is composed again
+    without the rejected override (None when that fails too)."""
+    from roll_ds.config.compose import compose_config
+    from roll_ds.config.replace import SECTION, replaced_point, replacement_points
+
+    given = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == key]
+    others = [o for o in overrides if o not in given]
+    try:
+        cfg = compose_config(config_name, others, config_dir, replace=False)
+    except Exception:  # the other overrides fail too: Hydra's message is the one to read
+        return None
+    section = cfg.get(SECTION) if SECTION in cfg else None
+    if not section:
+        return None
+    point = replaced_point(key, list(replacement_points(cfg, section)))
+    if point is None:
+        return None
+    value = given[0].split("=", 1)[1] if given and "=" in given[0] else "..."
+    return (
+        f"{key}: {point} is set by the config's `{SECTION}:` section (which replaces it after "
+        f"overrides apply, so it is not in the composed config yet); override "
+        f"++{SECTION}.{key}={value} instead"
+    )
 
 
 def hint_for(text: str) -> str | None:

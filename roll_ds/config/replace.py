@@ -46,6 +46,11 @@ def replacement_points(cfg: DictConfig, section: DictConfig, prefix: str = "") -
             yield path
 
 
+def replaced_point(key: str, points: Sequence[str]) -> str | None:
+    """The replacement point (``replacement_points``) that ``key`` is or lies under, or None."""
+    return next((p for p in points if key == p or key.startswith(f"{p}.")), None)
+
+
 def apply_replacements(cfg: DictConfig, overrides: Sequence[str] = ()) -> DictConfig:
     """Set every value of ``cfg.replace`` on ``cfg`` (in place; returned). ``overrides``: the
     command-line overrides Hydra applied, checked against the replaced keys."""
@@ -55,8 +60,7 @@ def apply_replacements(cfg: DictConfig, overrides: Sequence[str] = ()) -> DictCo
     points = list(replacement_points(cfg, section))
     problems = []
     for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        hit = next((p for p in points if key == p or key.startswith(f"{p}.")), None)
+        hit = replaced_point(override.split("=", 1)[0].lstrip("+~"), points)
         if hit is not None:
             problems.append(
                 f"{override}: {hit} is set by the config's `{SECTION}:` section, which replaces it "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
+from roll_ds.config.paths import register_resolvers
 from roll_ds.config.schema import RLVRConfig
 
 SCHEMA_NAME = "rlvr_config"
@@ -18,3 +19,4 @@ def register_schemas() -> None:
 
 
 register_schemas()
+register_resolvers()  # ${roll_ds_root:} (roll_ds/config/paths.py)

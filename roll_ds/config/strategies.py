@@ -11,11 +11,10 @@ Adding a backend: a module under ``strategies/`` plus one ``STRATEGY_SPECS`` lin
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from roll_ds.registry import Registry
+from roll_ds.registry import Registry, import_target
 
 
 @dataclass(frozen=True)
@@ -118,5 +117,4 @@ for _name, _spec in STRATEGY_SPECS.items():
 
 def load_hook(target: str) -> Callable[..., list[str]]:
     """The function a spec's ``"module:function"`` hook names (imported on first use)."""
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    return import_target(target)

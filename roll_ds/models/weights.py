@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -231,12 +232,22 @@ def write_hf_model(
         generation.save_pretrained(out_dir)
 
 
-def write_adapter(module: torch.nn.Module, adapter_dir: str, *, write: bool) -> None:
+def write_adapter(
+    module: torch.nn.Module, adapter_dir: str, *, write: bool, base_model: str | None = None
+) -> None:
     """A peft model's adapter as a peft adapter directory (``adapter_config.json`` +
-    ``adapter_model.safetensors``); under ZeRO-3 every rank calls this together."""
+    ``adapter_model.safetensors``); under ZeRO-3 every rank calls this together.
+    ``base_model``: what ``adapter_config.json`` records as ``base_model_name_or_path``, the
+    ``pretrain`` as configured (peft would record the directory the base was loaded from: for
+    an ``embedded:`` model an absolute path inside the install, wrong on any other machine)."""
     state = gathered_adapter_state(module)
     if write:
         module.save_pretrained(adapter_dir, state_dict=state, safe_serialization=True)
+        if base_model is not None:
+            config = Path(adapter_dir) / "adapter_config.json"
+            data = json.loads(config.read_text())
+            data["base_model_name_or_path"] = base_model
+            config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def copy_tokenizer_files(src_dir: str, out_dir: str) -> list[str]:

@@ -56,6 +56,10 @@ def pack_episodes(
         "domain": [e.tag for e in episodes],
         "id": [rows[e.row]["id"] if e.is_row else _env_id(e) for e in episodes],
         "response_text": [" | ".join(t["action"] for t in e.turns) for e in episodes],
+        # the first observation: a row's prompt, an environment's reset observation
+        "prompt_text": [
+            rows[e.row].get("prompt") if e.is_row else e.first_observation for e in episodes
+        ],
     }
     if any(not e.is_row for e in episodes):
         token_returns = []

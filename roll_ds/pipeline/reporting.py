@@ -81,9 +81,11 @@ def plot_run_curves(out_dir: Path) -> list[dict[str, float]]:
 
 
 def dump_rollouts(out_dir: Path, step: int, batch: Batch, *, use_critic: bool) -> None:
-    """One JSON row per sample; with a critic also its per-response-token ``values``,
-    ``returns`` and ``advantages`` (to inspect what the critic learns); for an agentic episode
-    its end status and its turns (the policy's action, the observation, the reward)."""
+    """One JSON row per sample: its ``prompt`` (the first observation: a row's prompt, an
+    environment's reset observation, text or chat messages), response and score; with a critic
+    also its per-response-token ``values``, ``returns`` and ``advantages`` (to inspect what the
+    critic learns); for an agentic episode its end status and its turns (the policy's action,
+    the observation, the reward)."""
     token_keys = ("values", "returns", "advantages") if use_critic else ()
     mask = batch["response_mask"] > 0
     out_dir.mkdir(parents=True, exist_ok=True)  # also when stepped without run()
@@ -93,6 +95,7 @@ def dump_rollouts(out_dir: Path, step: int, batch: Batch, *, use_critic: bool) -
                 "step": step,
                 "id": batch["id"][i],
                 "domain": batch["domain"][i],
+                "prompt": batch["prompt_text"][i] if "prompt_text" in batch.non_tensors else None,
                 "response": batch["response_text"][i],
                 "score": float(batch["scores"][i]),
             }

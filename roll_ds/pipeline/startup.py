@@ -149,7 +149,17 @@ def initialize_roles(clusters: dict[str, Any], colocation: Choreography, roles: 
     catch a stuck rank sooner must not fail a slow start (every role loads at once)."""
     for stage in colocation.start_stages(roles):
         pending = [clusters[n].submit("initialize") for n in stage]
-        for call in pending:
+        for name, call in zip(stage, pending, strict=True):
             cluster = call.cluster
-            call.get(max(cluster.call_timeout_s or 0.0, cluster.start_timeout_s))
+            ranks = call.get(max(cluster.call_timeout_s or 0.0, cluster.start_timeout_s))
+            log_started(name, ranks)
         colocation.started(stage)
+
+
+def log_started(role: str, ranks: Any) -> None:
+    """Log what rank 0 of ``role`` says it runs (a trainer: its ZeRO stage in use, offload and
+    precision; ``DeepSpeedTrainStrategy.summary``)."""
+    first = ranks[0] if isinstance(ranks, list) and ranks else None
+    summary = first.get("summary") if isinstance(first, dict) else None
+    if summary:
+        logger.info("%s: %s", role, summary)

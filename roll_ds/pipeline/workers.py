@@ -46,7 +46,8 @@ class StrategyWorker(Worker):
         cls = STRATEGIES.get(self.role_cfg.strategy_args.strategy_name)
         self.strategy = cls.from_worker_config(self.role_cfg, self.ctx, **self.STRATEGY_KWARGS)
         self.strategy.initialize()
-        return {"rank": self.rank}
+        summary = getattr(self.strategy, "summary", None)  # logged by the driver (startup.py)
+        return {"rank": self.rank, **({"summary": summary()} if callable(summary) else {})}
 
     @register(Dispatch.ALL)
     def close(self) -> None:

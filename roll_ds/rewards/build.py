@@ -8,7 +8,8 @@ A reward spec is what a config's ``reward_fns`` holds:
   function's keyword parameters;
 * a list of those - their weighted sum (:class:`WeightedSumReward`).
 
-Names are looked up in ``roll_ds.rewards.registry.REWARD_FNS``.
+Names are looked up in ``roll_ds.rewards.registry.REWARD_FNS``; a name ``module:Class`` is a
+``RewardFn`` subclass of the user's own (``reward_class``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from roll_ds.config.plain import to_plain
 from roll_ds.rewards.base import RewardFn, RewardOutput, RewardSample
-from roll_ds.rewards.registry import REWARD_FNS
+from roll_ds.rewards.registry import reward_class, reward_name_problem
 
 _SPEC_KEYS = ("name", "weight", "key")
 
@@ -63,7 +64,7 @@ def build_single(spec: Any, defaults: Mapping[str, Any] | None = None) -> Reward
     """One reward function from a spec, ignoring its weight. ``defaults`` (e.g. ``timeout_s``)
     fill parameters the function accepts and the spec does not set."""
     name, _, _, params = _split_spec(spec)
-    cls = REWARD_FNS.get(name)
+    cls = reward_class(name)
     accepted, var_kw = _accepted(cls)
     unknown = sorted(set(params) - accepted) if not var_kw else []
     if unknown:
@@ -103,10 +104,12 @@ def validate_reward_specs(specs: Any) -> list[str]:
     for i, spec in enumerate(specs):
         try:
             name, _, _, params = _split_spec(spec)
-            if name not in REWARD_FNS:
-                problems.append(f"reward_fns[{i}]: {REWARD_FNS.unknown_message(name)}")
+            problem = reward_name_problem(name)
+            if problem:
+                problems.append(f"reward_fns[{i}]: {problem}")
                 continue
-            accepted, var_kw = _accepted(REWARD_FNS.get(name))
+            cls = reward_class(name)
+            accepted, var_kw = _accepted(cls)
             unknown = sorted(set(params) - accepted) if not var_kw else []
             if unknown:
                 problems.append(
@@ -114,7 +117,7 @@ def validate_reward_specs(specs: Any) -> list[str]:
                     f"{', '.join(unknown)}; valid: {', '.join(sorted(accepted))}"
                 )
             # a function may check its parameters' values: classmethod param_problems(params)
-            check = getattr(REWARD_FNS.get(name), "param_problems", None)
+            check = getattr(cls, "param_problems", None)
             problems += [f"reward_fns[{i}] ({name}).{p}" for p in (check(params) if check else [])]
         except ValueError as e:
             problems.append(f"reward_fns[{i}]: {e}")

@@ -22,18 +22,20 @@ def export_hf(
     is_writer: bool,
     merged: bool = True,
     max_shard_bytes: int = 5 * 2**30,
+    base_model: str | None = None,
 ) -> dict[str, str]:
     """Write an HF model directory plain transformers (and vLLM) load: config, safetensors
     (ZeRO-3 gathered), tokenizer files and generation config of ``source_dir``. Under LoRA also
     ``path/adapter`` (a peft adapter over the base model); ``merged=False`` then skips the full
-    weights. The ``is_writer`` rank writes; every rank joins the gathers."""
+    weights. The ``is_writer`` rank writes; every rank joins the gathers. ``base_model``: the
+    adapter's recorded base (``pretrain`` as configured; ``write_adapter``)."""
     written: dict[str, str] = {}
     if is_writer:
         os.makedirs(path, exist_ok=True)
     if is_lora:
         adapter_dir = os.path.join(path, "adapter")
         release_zero3_params(engine)
-        write_adapter(module, adapter_dir, write=is_writer)
+        write_adapter(module, adapter_dir, write=is_writer, base_model=base_model)
         written["adapter"] = adapter_dir
     if merged or not is_lora:
         release_zero3_params(engine)

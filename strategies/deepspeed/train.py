@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from roll_ds.config.deepspeed import zero_stage
+from roll_ds.config.deepspeed import offload_devices, zero_stage
 from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
 from roll_ds.models.loading import resolve_model_path
 from roll_ds.perf import TrainPerf
@@ -80,7 +80,8 @@ class DeepSpeedTrainStrategy(WeightsOut):
             raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
         self.head = head
         self.logprob_temperature = _common.check_temperature(logprob_temperature)
-        self.model_path = model_path
+        self.model_path = model_path  # resolved to a directory by initialize
+        self.base_model = model_path  # as configured: what an exported adapter records
         self.strategy_config = plain_strategy_config(strategy_config)
         self.model_args = model_args or ModelArgs()
         self.training_args = training_args or TrainingArgs()
@@ -131,6 +132,21 @@ class DeepSpeedTrainStrategy(WeightsOut):
     @property
     def zero_stage(self) -> int:
         return zero_stage(self.ds_config)
+
+    def summary(self) -> str:
+        """What the engine runs, for the start-up log: the ZeRO stage in use (a LoRA adapter
+        under a stage-3 config whose frozen base is kept whole trains at a lower one), the
+        ranks, the offload and the precision."""
+        used, configured = self.zero_stage, zero_stage(self.strategy_config)
+        text = f"DeepSpeed ZeRO stage {used} on {self.world_size} rank(s)"
+        if used != configured:
+            text += f" (the config's stage {configured}; frozen base kept whole)"
+        offload = offload_devices(self.ds_config)
+        where = ", ".join(f"{k.removeprefix('offload_')} -> {v}" for k, v in offload.items())
+        precision = next(
+            (p for p in ("bf16", "fp16") if (self.ds_config.get(p) or {}).get("enabled")), "fp32"
+        )
+        return f"{text}, offload {where or 'none'}, {precision}"
 
     @property
     def module(self) -> torch.nn.Module:

@@ -79,4 +79,5 @@ class WeightsOut:
             is_writer=self.rank == 0,
             merged=merged,
             max_shard_bytes=max_shard_bytes,
+            base_model=getattr(self, "base_model", None),
         )

@@ -158,6 +158,9 @@ def test_adapter_only_loads_with_peft_on_the_base(tmp_path, capsys):
     assert main([str(ckpt), "--out", str(out), "--adapter-only"]) == 0
     assert "adapter written to" in capsys.readouterr().out
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in out.iterdir()}
+    # the base as configured, not the install's directory it was loaded from
+    recorded = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert recorded == EMBEDDED_MODEL == "embedded:tiny-qwen2"
     base = AutoModelForCausalLM.from_pretrained(resolve_pretrain(EMBEDDED_MODEL))
     served = PeftModel.from_pretrained(base, out)
     assert (_logits(served) - want).abs().max().item() <= ATOL

@@ -368,3 +368,22 @@ def test_a_mixed_batch_plays_rows_and_environment_episodes_in_one_run(tokenizer)
     row, _, env, _ = episodes
     assert row.num_turns == 1 and row.status == DONE
     assert env.status == MAX_TURNS and env.num_turns == 3
+
+
+def test_rollouts_jsonl_holds_each_episode_s_first_observation(tokenizer, tmp_path):
+    import json
+
+    from roll_ds.pipeline.packing import pack_episodes
+    from roll_ds.pipeline.reporting import dump_rollouts
+    from roll_ds.tracking import ROLLOUTS_FILE
+
+    specs = [EpisodeSpec(i, i, "guess", 100 + i) for i in range(2)]
+    episodes, _ = runner(tokenizer, Scripted(tokenizer, lambda row, turn: "8"), GUESS).run(
+        specs, seed=3
+    )
+    task = [{"role": "user", "content": "Guess a number 1-16."}]  # as the chat template got it
+    assert [e.first_observation for e in episodes] == [task] * 2
+    dump_rollouts(tmp_path, 1, pack_episodes(episodes, [], pad_id=0), use_critic=False)
+    dumped = [json.loads(line) for line in (tmp_path / ROLLOUTS_FILE).read_text().splitlines()]
+    assert [d["prompt"] for d in dumped] == [task] * 2
+    assert dumped[0]["turns"][0]["action"] == "8"  # the turns follow the first observation

@@ -100,3 +100,55 @@ def test_cli_prints_the_hint_below_hydras_message():
     assert "roll_ds hint: actor_train.training_args.learnin_rate: TrainingArgs has no key" in (
         result.stderr
     )
+
+
+REPLACE_ONLY = """\
+defaults:
+  - agentic_lora_zero3
+  - _self_
+exp_name: mine
+replace:
+  custom_envs:
+    Echo: {env_type: guess_number, max_actions_per_traj: 2, max_tokens_per_step: 8}
+  train_env_manager: {tags: [Echo], num_groups_partition: [16]}
+  val_env_manager: {tags: [Echo]}
+"""
+
+
+@pytest.mark.parametrize("plus", ["", "+", "++"])
+def test_a_key_set_only_under_replace_gets_the_replace_override(plus, tmp_path):
+    (tmp_path / "mine.yaml").write_text(REPLACE_ONLY)
+    override = f"{plus}custom_envs.Echo.max_actions_per_traj=3"
+    with pytest.raises(ConfigCompositionException) as info:  # "not in struct" / a type error
+        compose_config("mine", [override], tmp_path)
+    hint = hint_for_exception(
+        info.value, config_name="mine", config_dir=tmp_path, overrides=[override]
+    )
+    assert hint == (
+        "custom_envs.Echo.max_actions_per_traj: custom_envs is set by the config's `replace:` "
+        "section (which replaces it after overrides apply, so it is not in the composed config "
+        "yet); override ++replace.custom_envs.Echo.max_actions_per_traj=3 instead"
+    )
+    fixed = compose_config("mine", ["++replace.custom_envs.Echo.max_actions_per_traj=3"], tmp_path)
+    assert fixed.custom_envs.Echo.max_actions_per_traj == 3
+
+
+def test_cli_prints_the_replace_hint(tmp_path):
+    (tmp_path / "mine.yaml").write_text(REPLACE_ONLY)
+    args = ["--config-dir", str(tmp_path), "--config-name", "mine", "--cfg", "job"]
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "run.py"),
+            *args,
+            "custom_envs.Echo.max_actions_per_traj=3",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "roll_ds hint: custom_envs.Echo.max_actions_per_traj: custom_envs is set by" in (
+        result.stderr
+    )
