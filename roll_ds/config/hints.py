@@ -13,7 +13,6 @@ suggests ``+``, which then fails on its type; the hint says ``++replace.<key>=..
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from roll_ds.config import schema
+from roll_ds.config.similar import close_keys
 
 _OVERRIDE = re.compile(r"Could not override '(?P<key>[^']+)'")
 _APPEND = re.compile(r"Could not append to config\. An item is already at '(?P<key>[^']+)'")
@@ -180,12 +180,6 @@ def misspelled_key_hint(full_key: str, name: str, schema_name: str) -> str:
     if close:
         hint += "; did you mean " + " or ".join(_join(parent, c) for c in close) + "?"
     return hint + f"\n  valid keys of {parent or 'the root'}: {', '.join(valid)}"
-
-
-def close_keys(name: str, section: type) -> list[str]:
-    """Up to three field names of the schema dataclass ``section`` that look like ``name``."""
-    valid = [f.name for f in dataclasses.fields(section)]
-    return difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
 
 
 def _join(parent: str, name: str) -> str:

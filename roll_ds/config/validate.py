@@ -47,10 +47,10 @@ from roll_ds.config.checks.pipeline import (
     pipeline_problems,
 )
 from roll_ds.config.checks.roles import role_problems
-from roll_ds.config.hints import close_keys
 from roll_ds.config.no_effect import config_warnings
 from roll_ds.config.role_placement import RolePlacement, placement, role_configs
 from roll_ds.config.schema import RLVRConfig
+from roll_ds.config.similar import close_keys
 from roll_ds.platform import device_problems
 
 logger = logging.getLogger(__name__)
