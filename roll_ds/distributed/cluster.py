@@ -170,7 +170,10 @@ class Cluster:
         options = self._options(p, runtime_env)
         options.update(actor_options)
         return actor_cls.options(**options).remote(
-            *init_args, _roll_ds_env=_rank_env(rank_env, p), **init_kwargs
+            *init_args,
+            _roll_ds_env=_rank_env(rank_env, p),
+            _roll_ds_env_defaults=dict(p.env_defaults),
+            **init_kwargs,
         )
 
     def replace_rank(self, rank: int) -> None:
@@ -445,10 +448,20 @@ def _resolve(worker_cls: type[Worker] | ActorClass) -> tuple[type, ActorClass]:
 
 
 def _with_rank_env(cls: type) -> type:
-    """Subclass of ``cls`` whose __init__ first applies the env Cluster passes as a keyword."""
+    """Subclass of ``cls`` whose __init__ first applies the env Cluster passes as keywords: the
+    rank's variables, then the platform's defaults where the process has no value yet (the
+    role's ``system_envs``, set by Ray's runtime_env before the process started, win)."""
 
-    def __init__(self, *args: Any, _roll_ds_env: Mapping[str, str], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        _roll_ds_env: Mapping[str, str],
+        _roll_ds_env_defaults: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         os.environ.update(_roll_ds_env)
+        for key, value in (_roll_ds_env_defaults or {}).items():
+            os.environ.setdefault(key, value)
         cls.__init__(self, *args, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
