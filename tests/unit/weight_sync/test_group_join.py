@@ -111,4 +111,3 @@ def test_a_gloo_member_that_never_joins_fails_the_join_naming_it():
         assert isinstance(out[rank], TransferError), out
         assert "rank(s) [1] did not join within 1.5 s" in str(out[rank]), out
     assert elapsed < timeout_s + 3.0, elapsed
-
