@@ -129,8 +129,13 @@ class TransferGroup:
         first broadcast (``ProcessGroupNCCL`` connects lazily), unbounded and in a sync. Then a
         barrier (bounded by ``timeout_s``): every member is connected when join returns."""
         if self.spec.backend == "nccl":
+            import torch
+
+            device = self.device
+            if device.type == "cuda" and device.index is None:  # the one _backend set
+                device = torch.device("cuda", torch.cuda.current_device())
             try:
-                self.pg.eager_connect_single_device(self.device)
+                self.pg.eager_connect_single_device(device)
             except RuntimeError as exc:
                 raise self._error("connecting (NCCL communicator init)", exc) from exc
         self.barrier("the join's barrier")
