@@ -143,7 +143,14 @@ def wait_gpu_released(
     if not uuids:
         return None
     try:
-        out = _on_node(info.get("node_id"), devices.wait_released, uuids, pids, timeout_s)
+        out = _on_node(
+            info.get("node_id"),
+            devices.wait_released,
+            uuids,
+            pids,
+            timeout_s,
+            wait_s=timeout_s + REMOTE_TIMEOUT_S,  # its own bound, and the task's start
+        )
     except Exception as exc:
         logger.warning("could not watch a dead worker's GPUs %s: %s", uuids, exc)
         return None
@@ -209,7 +216,8 @@ def wait_gone(info: dict[str, Any], timeout_s: float = REMOTE_TIMEOUT_S) -> bool
     entry) has exited, on its node; ``ray.kill`` only asks for it. False if still there."""
     if not info.get("pid"):
         return True
-    return _on_node(info.get("node_id"), _wait_exit, int(info["pid"]), timeout_s)
+    pid = int(info["pid"])
+    return _on_node(info.get("node_id"), _wait_exit, pid, timeout_s, wait_s=timeout_s + 10.0)
 
 
 def _wait_exit(pid: int, timeout_s: float) -> bool:
@@ -271,12 +279,12 @@ def shutdown_clusters(clusters: Sequence[Cluster], close_timeout_s: float | None
         cluster.shutdown(close_timeout_s=0)
 
 
-def _on_node(node: str | None, fn, *args):
+def _on_node(node: str | None, fn, *args, wait_s: float = REMOTE_TIMEOUT_S):
     """``fn(*args)`` on ``node``: here when it is the driver's node (or unknown), else in a
-    0-CPU task pinned there."""
+    0-CPU task pinned there, waited for at most ``wait_s``."""
     if node is None or node == ray.get_runtime_context().get_node_id():
         return fn(*args)
     task = ray.remote(fn).options(
         num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
     )
-    return ray.get(task.remote(*args), timeout=REMOTE_TIMEOUT_S)
+    return ray.get(task.remote(*args), timeout=wait_s)
