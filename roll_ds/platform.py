@@ -43,6 +43,12 @@ class Platform:
     def device(self, local_rank: int = 0) -> str:
         return f"cuda:{local_rank}" if self.is_cuda else "cpu"
 
+    def process_env(self) -> dict[str, str]:
+        """Defaults for the environment of a device rank (trainer, engine, reference), set
+        before its first process group and inherited by the processes it starts (vLLM's
+        workers); a variable the rank already has (the role's ``system_envs``) wins."""
+        return dict(NCCL_PROCESS_ENV) if self.dist_backend == "nccl" else {}
+
     def vllm_env(self) -> dict[str, str]:
         """Environment an actor needs before importing vllm."""
         if self.is_cuda:
@@ -52,6 +58,18 @@ class Platform:
         # In-process engine core: no spawned subprocess per engine inside a Ray actor.
         return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
+
+# NCCL's answer to a timed-out or failed collective in *any* group of a process (the weight-sync
+# group's too) is process-wide: the watchdog sets a static flag, and the heartbeat monitor of the
+# process's first NCCL group (uid 0: DeepSpeed's world in a trainer, vLLM's in an engine worker)
+# then dumps its flight recorder, sleeps TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (480 s) and ends the
+# process (``terminateProcess``), a healthy one included. Read by each ProcessGroupNCCL when it
+# is built, so it must be in the environment before the first one; with it off the monitor only
+# ends a process whose watchdog itself hangs. A timed-out training collective still ends its
+# rank (the watchdog's own error handling); what is lost is the flight-recorder dump (set
+# TORCH_NCCL_DUMP_ON_TIMEOUT=1 in the role's system_envs to debug such a hang: a weight-sync
+# timeout then ends the trainer too). docs/fault_tolerance.md
+NCCL_PROCESS_ENV = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
 
 # "1": run vLLM's engine core in its own process on CPU too (as it always is on GPU), so every
 # collective_rpc argument crosses vLLM's serializer; set it in actor_infer.system_envs (or the

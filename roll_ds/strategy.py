@@ -146,6 +146,9 @@ class StrategyContext:
     # "auto" (roll_ds.config.deepspeed.role_nvme_dir: the role's directory under the run's
     # output); None outside a pipeline run: such a config is then an error naming the key.
     nvme_dir: str | None = None
+    # The trainers' process-group timeout (fault_tolerance.process_group_timeout_s); None
+    # outside a pipeline run: DeepSpeed's own default.
+    process_group_timeout_s: float | None = None
 
 
 @runtime_checkable

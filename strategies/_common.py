@@ -13,6 +13,7 @@ import math
 import os
 import socket
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -169,11 +170,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> tuple[int, int]:
+def init_distributed(timeout_s: float | None = None) -> tuple[int, int]:
     """Join (or create) the default process group through DeepSpeed; returns (rank, world size).
 
     Reads the torchrun-style env (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a
     process without it becomes a world of one. The backend comes from ``current_platform()``.
+    ``timeout_s``: the group's collective timeout (``fault_tolerance.process_group_timeout_s``;
+    None: DeepSpeed's default, 10 min or ``$DEEPSPEED_TIMEOUT``).
     """
     import deepspeed
     import torch.distributed as dist
@@ -197,7 +200,12 @@ def init_distributed() -> tuple[int, int]:
     # and lock waits bounded (strategies/deepspeed/ops.py)
     from strategies.deepspeed.ops import load_ops
 
-    load_ops(lambda: deepspeed.init_distributed(dist_backend=platform.dist_backend, verbose=False))
+    kwargs = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+    load_ops(
+        lambda: deepspeed.init_distributed(
+            dist_backend=platform.dist_backend, verbose=False, **kwargs
+        )
+    )
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -58,3 +58,9 @@ class FaultToleranceConfig:
     # A generate call waits call_timeout_s plus this per token each engine may handle (its
     # prompts' tokens plus max_new_tokens per sample), in seconds.
     per_token_s: float = 0.05
+    # The trainers' (DeepSpeed's) process-group timeout, in seconds: a rank waiting longer in
+    # one collective is ended by torch's watchdog (the run restarts). While train rank 0 waits
+    # up to weight_sync.timeout_s on an engine in a sync, the other ranks wait for it in the
+    # next bucket's ZeRO-3 gather: this must exceed that bound by a margin (validated), or an
+    # engine that hangs turns its replacement into a trainer restart. DeepSpeed's default: 600.
+    process_group_timeout_s: float = 1800.0

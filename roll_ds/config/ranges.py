@@ -211,6 +211,7 @@ FAULT_TOLERANCE: dict[str, Rule] = {
     "call_timeout_s": POSITIVE,
     "per_token_s": Range(low=0),
     "max_trainer_restarts": Range(low=0, note="0: a failed trainer rank stops the run"),
+    "process_group_timeout_s": POSITIVE,
 }
 
 RAY: dict[str, Rule] = {"num_cpus": Range(low=1, null="all CPUs of the machine")}

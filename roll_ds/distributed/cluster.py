@@ -38,12 +38,11 @@ from roll_ds.distributed.shm import ShmLedger
 from roll_ds.distributed.teardown import (
     CLOSE_TIMEOUT_S,
     close_clusters,
-    end_children,
     record_children,
     record_shm,
+    retire_ranks,
     sweep_rank_shm,
     sweep_shm,
-    wait_gone,
 )
 from roll_ds.distributed.worker import Worker, node_probe
 
@@ -170,7 +169,10 @@ class Cluster:
         options = self._options(p, runtime_env)
         options.update(actor_options)
         return actor_cls.options(**options).remote(
-            *init_args, _roll_ds_env=_rank_env(rank_env, p), **init_kwargs
+            *init_args,
+            _roll_ds_env=_rank_env(rank_env, p),
+            _roll_ds_env_defaults=dict(p.env_defaults),
+            **init_kwargs,
         )
 
     def replace_rank(self, rank: int) -> None:
@@ -181,10 +183,9 @@ class Cluster:
         info = self.infos[rank] if rank < len(self.infos) else {}
         with contextlib.suppress(Exception):  # already dead: nothing to kill
             ray.kill(self.actors[rank], no_restart=True)
-        # its bundle is free only once the process is gone; its files are then unused, once
-        # the processes it started (vLLM's engine core) are ended too
-        wait_gone(info)
-        end_children(info, self.children.pop(rank, {}))
+        # its bundle, its files and its GPU memory are free only once its process and the
+        # processes it started (vLLM's engine core) are gone (teardown.retire_ranks)
+        retire_ranks([(info, self.children.pop(rank, {}))])
         sweep_rank_shm(self.shm, [i for r, i in enumerate(self.infos) if r != rank], info)
         self._in_flight = [(r, ref) for r, ref in self._in_flight if r != rank]
         actor_cls, rank_env, runtime_env, init_args, init_kwargs = self._start
@@ -334,8 +335,10 @@ class Cluster:
         """End the role without leaving anything behind (placement groups stay with the
         ResourceManager): ``close`` every idle rank (bounded by ``close_timeout_s``; 0: skip,
         the caller closed them; a busy rank would answer only after its call), kill them all,
-        then unlink the ``/dev/shm`` files they held that are still there (a rank that died,
-        was busy, or did not close in time); returns those ``{name: bytes}``."""
+        wait until their processes, the ones they started and (on GPUs) their memory are gone
+        (``retire_ranks``), then unlink the ``/dev/shm`` files they held that are still there
+        (a rank that died, was busy, or did not close in time); returns those
+        ``{name: bytes}``."""
         if self.actors and ray.is_initialized():
             self.record_shm()
             if close_timeout_s > 0:
@@ -343,6 +346,9 @@ class Cluster:
         for actor in self.actors:
             with contextlib.suppress(Exception):  # best effort: Ray may already be gone
                 ray.kill(actor, no_restart=True)
+        if self.actors and ray.is_initialized():
+            # a run restarting after a trainer died starts new ranks on these GPUs next
+            retire_ranks([(info, self.children.pop(r, {})) for r, info in enumerate(self.infos)])
         self.actors = []
         if self.shm.files and ray.is_initialized():
             return sweep_shm(self.shm)
@@ -445,10 +451,20 @@ def _resolve(worker_cls: type[Worker] | ActorClass) -> tuple[type, ActorClass]:
 
 
 def _with_rank_env(cls: type) -> type:
-    """Subclass of ``cls`` whose __init__ first applies the env Cluster passes as a keyword."""
+    """Subclass of ``cls`` whose __init__ first applies the env Cluster passes as keywords: the
+    rank's variables, then the platform's defaults where the process has no value yet (the
+    role's ``system_envs``, set by Ray's runtime_env before the process started, win)."""
 
-    def __init__(self, *args: Any, _roll_ds_env: Mapping[str, str], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        _roll_ds_env: Mapping[str, str],
+        _roll_ds_env_defaults: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         os.environ.update(_roll_ds_env)
+        for key, value in (_roll_ds_env_defaults or {}).items():
+            os.environ.setdefault(key, value)
         cls.__init__(self, *args, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})

@@ -7,9 +7,21 @@ worker records the UUIDs of its visible GPUs at start (``Worker._roll_info``: ``
 weight sync matches senders and receivers by them.
 
 Light: torch is imported only when asked, and a machine without CUDA reports no UUIDs.
+
+A GPU's use by processes (``gpu_usage``, ``wait_released``) is read through ``nvidia-smi``
+(NVML): it sees every GPU of the node whatever ``CUDA_VISIBLE_DEVICES`` says and makes no CUDA
+context, so a 0-GPU task can watch a dead worker's GPU empty.
 """
 
 from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+SMI_TIMEOUT_S = 10.0
+POLL_S = 0.5  # between two readings of a GPU's use (wait_released)
 
 
 def normalize_uuid(uuid: object) -> str:
@@ -59,3 +71,85 @@ def index_of_uuid(uuid: str) -> int:
     if want in seen:
         return seen.index(want)
     raise RuntimeError(f"GPU {want} is not visible to this process (visible: {seen})")
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    free_mib: int
+    pids: frozenset[int]  # the processes holding memory on it
+
+
+def gpu_usage(uuids: Collection[str]) -> dict[str, GpuUsage] | None:
+    """Free memory and compute processes of the GPUs ``uuids`` (``nvidia-smi``); None where it
+    cannot be read (no driver tools, a GPU it does not list)."""
+    want = {normalize_uuid(u) for u in uuids}
+    gpus = _smi("--query-gpu=uuid,memory.free", "--format=csv,noheader,nounits")
+    apps = _smi("--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader")
+    if gpus is None or apps is None:
+        return None
+    pids: dict[str, set[int]] = {u: set() for u in want}
+    for uuid, pid in _rows(apps):
+        if normalize_uuid(uuid) in pids and pid.isdigit():
+            pids[normalize_uuid(uuid)].add(int(pid))
+    free = {normalize_uuid(u): int(f) for u, f in _rows(gpus) if f.isdigit()}
+    if not want <= free.keys():
+        return None
+    return {u: GpuUsage(free[u], frozenset(pids[u])) for u in want}
+
+
+def wait_released(
+    uuids: Collection[str],
+    pids: Collection[int],
+    timeout_s: float,
+    *,
+    poll_s: float | None = None,
+    read: Callable[[Collection[str]], dict[str, GpuUsage] | None] | None = None,
+) -> dict:
+    """Wait (bounded) until a dead worker's GPU memory is back: none of ``pids`` (its process
+    and the ones it started) holds memory on the GPUs ``uuids``, and their free memory stopped
+    rising (two readings ``poll_s`` apart, ``POLL_S`` by default; the driver frees a context
+    after its process ended). ``read``: ``gpu_usage`` by default. Returns ``{"released":
+    bool, "seconds", "free_mib"}``; ``released`` None where the GPUs cannot be read (nothing
+    to wait on)."""
+    poll_s = POLL_S if poll_s is None else poll_s
+    read = read or gpu_usage
+    start = time.monotonic()
+    dead = set(pids)
+    last = read(uuids)
+    while last is not None:
+        if time.monotonic() - start >= timeout_s:
+            return _released(False, start, last)
+        time.sleep(poll_s)
+        now = read(uuids)
+        if now is None:
+            break
+        held = any(dead & use.pids for use in now.values())
+        rising = any(now[u].free_mib > last[u].free_mib for u in now)
+        if not held and not rising:
+            return _released(True, start, now)
+        last = now
+    return _released(None, start, None)
+
+
+def _released(released: bool | None, start: float, usage: dict[str, GpuUsage] | None) -> dict:
+    free = {u: use.free_mib for u, use in (usage or {}).items()}
+    return {"released": released, "seconds": round(time.monotonic() - start, 2), "free_mib": free}
+
+
+def _smi(*query: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", *query], capture_output=True, text=True, timeout=SMI_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _rows(text: str) -> list[tuple[str, str]]:
+    rows = []
+    for line in text.splitlines():
+        first, _, second = line.partition(",")
+        if second:
+            rows.append((first.strip(), second.strip()))
+    return rows

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -58,6 +58,9 @@ class ActorPlacement:
     node_ip: str | None
     options: dict[str, Any]  # for ActorClass.options(...)
     env: dict[str, str]  # set in the actor before Worker.__init__ (multi-device workers' devices)
+    # set there too where the actor's environment has no value yet (the role's system_envs win):
+    # the platform's process_env (NCCL's dump-and-abort off on GPUs)
+    env_defaults: dict[str, str] = field(default_factory=dict)
 
 
 def role_specs_from_config(cfg: RLVRConfig) -> dict[str, RoleSpec]:
@@ -320,7 +323,8 @@ class ResourceManager:
             ids = [self.bundle_device_ids[slot.node][b] for b in slot.bundles]
             env[self.visible_devices_env] = ",".join(ids)
         info = self.nodes[slot.node]
-        return ActorPlacement(slot, info.node_id, info.ip, options, env)
+        defaults = self.platform.process_env() if self.platform else {}
+        return ActorPlacement(slot, info.node_id, info.ip, options, env, defaults)
 
     def describe(self) -> str:
         """The plan with the Ray node each logical node got (after ``reserve``)."""

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -88,6 +89,42 @@ def end_processes(recorded: Mapping[int, int], proc: Path = PROC) -> list[int]:
         except (ProcessLookupError, PermissionError):
             continue
     return killed
+
+
+def running(pid: int, started: int | None = None, proc: Path = PROC) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: it holds no memory, no GPU context,
+    and a parent that never reaps it must not hold anything up) and, with ``started``, still
+    the process that started then."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return started is None or (len(fields) > 19 and int(fields[19]) == started)
+
+
+def wait_ended(
+    recorded: Mapping[int, int | None], timeout_s: float, proc: Path = PROC, poll_s: float = 0.05
+) -> list[int]:
+    """Wait up to ``timeout_s`` until none of ``recorded`` (pid -> start time, None: any) runs;
+    returns the pids still running then (``[]``: all gone)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [pid for pid, started in recorded.items() if running(pid, started, proc)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(poll_s)
+
+
+def end_and_wait(
+    recorded: Mapping[int, int], timeout_s: float, proc: Path = PROC
+) -> tuple[list[int], list[int]]:
+    """``end_processes``, then wait (bounded) until the killed processes are gone: a SIGKILLed
+    process still frees its memory (a GPU's too) on its way out. ``(killed, still running)``."""
+    killed = end_processes(recorded, proc)
+    return killed, wait_ended({pid: recorded[pid] for pid in killed}, timeout_s, proc)
 
 
 def held_files(pids: Iterable[int], shm_dir: Path = SHM_DIR, proc: Path = PROC) -> dict[str, int]:

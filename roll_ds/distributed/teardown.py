@@ -22,7 +22,15 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from roll_ds.distributed.shm import ShmLedger, descendants, end_processes, scan, unlink_recorded
+from roll_ds.distributed import devices
+from roll_ds.distributed.shm import (
+    ShmLedger,
+    descendants,
+    end_and_wait,
+    scan,
+    unlink_recorded,
+    wait_ended,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +38,9 @@ REMOTE_TIMEOUT_S = 30.0  # a scan or sweep task on another node
 # How long a shutdown waits for the ranks' ``close``: a vLLM engine's shutdown waits up to 5 s
 # for its worker processes; a rank stuck in a call (a failed run) is killed after it.
 CLOSE_TIMEOUT_S = 30.0
+# How long a dead rank's GPUs may take to be free of it once its processes ended (the driver
+# frees a CUDA context after its process exits; vLLM's KV cache is most of a GPU).
+GPU_RELEASE_TIMEOUT_S = 60.0
 
 # The functions take ``Cluster``s (``cluster.py`` imports this module, not the other way):
 # ``.name``, ``.actors``, ``.infos``, ``.shm``, ``.record_shm()``, ``.shutdown()``.
@@ -69,18 +80,89 @@ def record_children(cluster: Cluster) -> None:
 
 def end_children(info: dict[str, Any], recorded: dict[int, int]) -> list[int]:
     """SIGKILL what a killed rank (``info``) had started that still runs (``recorded``:
-    ``record_children``'s): a SIGKILLed process's children are not killed with it, and
-    vLLM's engine core would hold its memory and message queues for the rest of the run."""
+    ``record_children``'s) and wait (bounded) until it is gone: a SIGKILLed process's children
+    are not killed with it, and vLLM's engine core would hold its memory and message queues
+    for the rest of the run (or the GPU a replacement is about to claim)."""
     if not recorded:
         return []
     try:
-        killed = _on_node(info.get("node_id"), end_processes, recorded)
+        killed, alive = _on_node(info.get("node_id"), end_and_wait, recorded, REMOTE_TIMEOUT_S / 2)
     except Exception as exc:
         logger.warning("could not end a dead worker's child processes %s: %s", recorded, exc)
         return []
     if killed:
         logger.warning("ended %d process(es) a dead worker left: pids %s", len(killed), killed)
+    if alive:
+        logger.warning("processes a dead worker left still run after SIGKILL: pids %s", alive)
     return killed
+
+
+def retire_ranks(ranks: Sequence[tuple[dict[str, Any], dict[int, int]]]) -> list[dict[str, Any]]:
+    """What must be gone before killed ranks' replacements start on their bundles (``ranks``:
+    each one's ``Cluster.infos`` entry and ``record_children``'s processes): its process
+    (``ray.kill`` only asks for it), the processes it started (``end_children``) and, on GPUs,
+    their memory (``devices.wait_released``, once per node; vLLM refuses to start below its
+    share of free memory). Each wait is bounded; what was still there is logged and the
+    replacement then starts anyway (its own start fails with its own error). Per rank
+    ``{"gone", "ended_children"}``, and ``"gpu"`` (its node's wait; None without GPUs)."""
+    out, by_node = [], {}
+    for info, recorded in ranks:
+        try:
+            gone = wait_gone(info)
+        except Exception as exc:  # its node is gone, and the process with it
+            logger.warning("could not watch a killed worker's process %s: %s", info.get("pid"), exc)
+            gone = True
+        if not gone:
+            logger.warning(
+                "a killed worker (pid %s) still runs after %.0f s",
+                info.get("pid"),
+                REMOTE_TIMEOUT_S,
+            )
+        out.append({"gone": gone, "ended_children": end_children(info, recorded)})
+        if info.get("gpu_uuids"):
+            node = by_node.setdefault(info.get("node_id"), {"uuids": set(), "pids": set()})
+            node["uuids"].update(info["gpu_uuids"])
+            node["pids"].update([*recorded, *([info["pid"]] if info.get("pid") else [])])
+    waited = {
+        node: wait_gpu_released(
+            {"node_id": node, "gpu_uuids": sorted(g["uuids"])}, sorted(g["pids"])
+        )
+        for node, g in by_node.items()
+    }
+    for (info, _), result in zip(ranks, out, strict=True):
+        result["gpu"] = waited.get(info.get("node_id")) if info.get("gpu_uuids") else None
+    return out
+
+
+def wait_gpu_released(
+    info: dict[str, Any], pids: list[int], timeout_s: float = GPU_RELEASE_TIMEOUT_S
+) -> dict[str, Any] | None:
+    """On the rank's node, wait (bounded) until its GPUs (``info["gpu_uuids"]``) are free of
+    ``pids`` and their free memory stopped rising; None for a rank without GPUs."""
+    uuids = list(info.get("gpu_uuids") or ())
+    if not uuids:
+        return None
+    try:
+        out = _on_node(
+            info.get("node_id"),
+            devices.wait_released,
+            uuids,
+            pids,
+            timeout_s,
+            wait_s=timeout_s + REMOTE_TIMEOUT_S,  # its own bound, and the task's start
+        )
+    except Exception as exc:
+        logger.warning("could not watch a dead worker's GPUs %s: %s", uuids, exc)
+        return None
+    if out["released"] is False:
+        logger.warning(
+            "a dead worker's GPUs %s still held after %.0f s (free MiB %s); starting its "
+            "replacement anyway",
+            uuids,
+            timeout_s,
+            out["free_mib"],
+        )
+    return out
 
 
 def sweep_shm(ledger: ShmLedger) -> dict[str, int]:
@@ -134,22 +216,12 @@ def wait_gone(info: dict[str, Any], timeout_s: float = REMOTE_TIMEOUT_S) -> bool
     entry) has exited, on its node; ``ray.kill`` only asks for it. False if still there."""
     if not info.get("pid"):
         return True
-    return _on_node(info.get("node_id"), _wait_exit, int(info["pid"]), timeout_s)
+    pid = int(info["pid"])
+    return _on_node(info.get("node_id"), _wait_exit, pid, timeout_s, wait_s=timeout_s + 10.0)
 
 
 def _wait_exit(pid: int, timeout_s: float) -> bool:
-    import os
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # a pid reused by another user's process: ours is gone
-            return True
-        time.sleep(0.05)
-    return False
+    return not wait_ended({pid: None}, timeout_s)
 
 
 def close_clusters(clusters: Iterable[Cluster], timeout_s: float) -> list[str]:
@@ -207,12 +279,12 @@ def shutdown_clusters(clusters: Sequence[Cluster], close_timeout_s: float | None
         cluster.shutdown(close_timeout_s=0)
 
 
-def _on_node(node: str | None, fn, *args):
+def _on_node(node: str | None, fn, *args, wait_s: float = REMOTE_TIMEOUT_S):
     """``fn(*args)`` on ``node``: here when it is the driver's node (or unknown), else in a
-    0-CPU task pinned there."""
+    0-CPU task pinned there, waited for at most ``wait_s``."""
     if node is None or node == ray.get_runtime_context().get_node_id():
         return fn(*args)
     task = ray.remote(fn).options(
         num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
     )
-    return ray.get(task.remote(*args), timeout=REMOTE_TIMEOUT_S)
+    return ray.get(task.remote(*args), timeout=wait_s)

@@ -43,6 +43,7 @@ def strategy_context(cfg: RLVRConfig, model_dir: str, tokenizer: Any) -> Strateg
         response_length=cfg.response_length,
         stop_token_ids=(eos,) if eos is not None else (),
         logprob_temperature=rollout_temperature(cfg),
+        process_group_timeout_s=cfg.fault_tolerance.process_group_timeout_s,
     )
 
 

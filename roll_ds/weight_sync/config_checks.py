@@ -1,5 +1,6 @@
 """The ``weight_sync`` section's checks, collected by ``roll_ds.config.validate``: the transport
-name, and what ``lora_sync: adapter`` needs of both ends. (The transport against the roles'
+name, its bound against the trainers' process-group timeout, and what ``lora_sync: adapter``
+needs of both ends. (The transport against the roles'
 shared GPUs is ``select.layout_problems``.) Light: no torch or Ray import."""
 
 from __future__ import annotations
@@ -16,7 +17,34 @@ def weight_sync_problems(cfg: RLVRConfig) -> list[str]:
         check_transport_name(cfg.weight_sync.transport)
     except ValueError as exc:
         problems.append(str(exc).replace("unknown weight_sync.transport", "weight_sync.transport:"))
-    return problems + lora_sync_problems(cfg)
+    return problems + bound_problems(cfg) + lora_sync_problems(cfg)
+
+
+# What the other trainer ranks' wait in a gather needs beyond train rank 0's longest wait on an
+# engine (one group operation, weight_sync.timeout_s): rank 0's own gather of the bucket and its
+# walk back into the gathers after the sync failed (weight_sync/worker.py, follow_gathers).
+PROCESS_GROUP_MARGIN_S = 300.0
+
+
+def bound_problems(cfg: RLVRConfig) -> list[str]:
+    """A sync's group operation must time out well before the trainers' process group does:
+    under ZeRO-3 the other train ranks wait in the next bucket's gather while rank 0 waits on a
+    stuck engine, and torch's watchdog ends a rank past ``process_group_timeout_s``, which turns
+    the engine's replacement into a trainer restart."""
+    sync_s = cfg.weight_sync.timeout_s
+    group_s = cfg.fault_tolerance.process_group_timeout_s
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (sync_s, group_s))
+    if not numbers or sync_s <= 0 or group_s <= 0 or sync_s + PROCESS_GROUP_MARGIN_S <= group_s:
+        return []
+    return [
+        f"weight_sync.timeout_s ({sync_s:g}) must be at least {PROCESS_GROUP_MARGIN_S:g} s below "
+        f"fault_tolerance.process_group_timeout_s ({group_s:g}): while train rank 0 waits up to "
+        "weight_sync.timeout_s on a stuck engine, the other trainer ranks wait for it in a "
+        "ZeRO-3 gather and torch ends them at the process-group timeout, so the engine's "
+        "replacement would become a trainer restart; raise fault_tolerance.process_group_"
+        f"timeout_s to {sync_s + PROCESS_GROUP_MARGIN_S:g} or more, or lower weight_sync."
+        f"timeout_s to {max(group_s - PROCESS_GROUP_MARGIN_S, 0):g} or less"
+    ]
 
 
 def lora_sync_problems(cfg: RLVRConfig) -> list[str]:

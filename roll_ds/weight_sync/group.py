@@ -5,7 +5,11 @@ The actors involved already have a default process group each (DeepSpeed's, vLLM
 processes cannot share ``new_group``; so the group is made from its own ``TCPStore`` (hosted by
 train rank 0 on a free port) + ``PrefixStore`` + a backend object: ``ProcessGroupGloo`` on CPU,
 ``ProcessGroupNCCL`` on GPU, each with ``timeout_s`` as its operation timeout. Every operation
-raises ``TransferError`` naming this member's rank on failure or timeout.
+raises ``TransferError`` naming this member's rank on failure or timeout. Joining is a real
+rendezvous on every backend, inside the same bound: the members meet on the store (one that
+never comes is named), the backend is built, NCCL's communicator initialised at once
+(``eager_connect_single_device``; it would otherwise connect lazily in the first broadcast)
+and a barrier passed, so a member that cannot connect fails the join, not the first sync.
 
 NCCL and timeouts. By default torch's NCCL watchdog answers a timed-out collective by tearing the
 whole process down (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``): a trainer or vLLM worker would die
@@ -58,6 +62,22 @@ def node_ip() -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
+def rendezvous(store: Any, rank: int, world_size: int, timeout: timedelta, where: str) -> None:
+    """Every member announces itself on the group's store and waits (``timeout``) for all
+    the others, so a member that never joins fails the join naming it; the backend is built
+    only then (NCCL's communicator init waits for every peer without a bound of its own)."""
+    keys = [f"joined/{r}" for r in range(world_size)]
+    store.set(keys[rank], "1")
+    try:
+        store.wait(keys, timeout)
+    except RuntimeError as exc:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        raise TransferError(
+            f"{where}: rank(s) {missing} did not join within {timeout.total_seconds():g} s "
+            f"(did that member die or fail to start?): {str(exc).strip()[:200]}"
+        ) from exc
+
+
 def local_address_towards(host: str) -> str:
     """This machine's address on the route to ``host`` (no packet is sent)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -82,17 +102,43 @@ class TransferGroup:
         # gloo moves host memory (headers, CPU buckets); NCCL the member's GPU's.
         self.device = torch.device("cpu" if spec.backend == "gloo" else device)
         timeout = timedelta(seconds=spec.timeout_s)
+        where = (
+            f"the weight-sync group at {spec.host}:{spec.port} (rank {rank} of {spec.world_size})"
+        )
         try:
             if store is None:
                 store = TCPStore(spec.host, spec.port, None, False, timeout)
             prefixed = PrefixStore(spec.prefix, store)
+            rendezvous(prefixed, rank, spec.world_size, timeout, where)
             self.pg = _backend(spec, prefixed, rank, self.device)
         except RuntimeError as exc:
+            if isinstance(exc, TransferError):
+                raise
             raise TransferError(
-                f"could not join the weight-sync group at {spec.host}:{spec.port} as rank {rank} "
-                f"of {spec.world_size} within {spec.timeout_s:g} s: {exc}"
+                f"could not join {where} within {spec.timeout_s:g} s: {exc}"
             ) from exc
         self._store = store  # keep the server (rank 0) / client alive with the group
+        try:
+            self._connect()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self) -> None:
+        """Build the communicator now, inside join's bound: NCCL would otherwise build it in the
+        first broadcast (``ProcessGroupNCCL`` connects lazily), unbounded and in a sync. Then a
+        barrier (bounded by ``timeout_s``): every member is connected when join returns."""
+        if self.spec.backend == "nccl":
+            import torch
+
+            device = self.device
+            if device.type == "cuda" and device.index is None:  # the one _backend set
+                device = torch.device("cuda", torch.cuda.current_device())
+            try:
+                self.pg.eager_connect_single_device(device)
+            except RuntimeError as exc:
+                raise self._error("connecting (NCCL communicator init)", exc) from exc
+        self.barrier("the join's barrier")
 
     def broadcast(self, tensor: torch.Tensor, what: str) -> None:
         """Broadcast ``tensor`` from rank 0 in place."""

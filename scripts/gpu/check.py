@@ -14,7 +14,8 @@
         A run that would not end by --deadline (its time estimated from the straight run's) is
         skipped with the reason; logs WORK/run_<name>.log, outcomes WORK/runs.json
     python scripts/gpu/check.py report WORK OUT_JSON   everything above and the pytest junit XML
-        (WORK/pytest.xml) and stage results (WORK/stages.txt) in one JSON
+        (WORK/pytest.xml), stage results (WORK/stages.txt) and the nccl stage's WORK/nccl.json
+        (scripts/gpu/nccl_check.py) in one JSON
 
 Only the standard library (and psutil where present): the report must come out even when the
 packages under test fail to import.
@@ -542,6 +543,8 @@ def report(work: Path, out_json: Path) -> dict:
         "stages": stages(work / "stages.txt"),
         "pytest": pytest_summary(work / "pytest.xml"),
     }
+    nccl = work / "nccl.json"  # scripts/gpu/nccl_check.py's stage
+    result["nccl"] = json.loads(nccl.read_text()) if nccl.is_file() else None
     try:
         result["rlvr"] = run_report(work)
     except Exception as exc:  # the rest of the report still comes back

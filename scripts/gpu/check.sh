@@ -8,7 +8,7 @@
 #     run(command="bash scripts/gpu/check.sh", carry=[".gpu_carry"], timeout_s=540)
 #
 # Expected ~7 minutes; it stops its stages by BUDGET_S=450 s and then writes the report. A
-# rerun of one part: SKIP_RUNS=1 or SKIP_PYTEST=1 before the command.
+# rerun of one part: SKIP_RUNS=1, SKIP_PYTEST=1 or SKIP_NCCL=1 before the command.
 # What it does, each stage bounded by `timeout` and the script going on whatever a stage does:
 #
 #   install   .gpu_carry's wheels (pip --no-index --no-deps --target) and Ray's pruned tarball
@@ -22,6 +22,12 @@
 #             GPU with nothing; DeepSpeed builds no CUDA op for it (torch's AdamW).
 #   pytest    python3 -m pytest -m gpu (tests needing vLLM skip with their reason); four
 #             xdist workers where pytest-xdist is installed
+#   nccl      scripts/gpu/nccl_check.py (~60 s): two processes on the GPU whose weight-sync
+#             group is made to time out, one with torch's NCCL env, one with roll_ds's device-rank
+#             env (TORCH_NCCL_DUMP_ON_TIMEOUT=0), each waiting past a shortened heartbeat window:
+#             whether it survives; and a join whose second member never comes (fails in its
+#             bound) and one that forms (communicator initialised at join). Skipped (rc 0) with
+#             the reason without a CUDA GPU; SKIP_NCCL=1 leaves it out
 #   runs_by_hand  the run again, SIGKILLed (its whole process group) once the first checkpoint
 #             is complete ("killed"), and resumed from it by hand ("resumed"), each only if it
 #             ends within the budget (check.py estimates it from the straight run's time). On an
@@ -114,6 +120,9 @@ if [ "${SKIP_PYTEST:-0}" != 1 ]; then
     STAGE_SIGNAL=INT stage pytest 240 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -q -rfEs "${xdist[@]}" \
         --junitxml="$WORK/pytest.xml" tests
 fi
+# NCCL's answer to a timed-out weight-sync collective (dump-and-abort off in roll_ds's device
+# ranks) and the group's eager join, on the one GPU (scripts/gpu/nccl_check.py; ~60 s)
+[ "${SKIP_NCCL:-0}" != 1 ] && stage nccl 120 "$PYTHON" scripts/gpu/nccl_check.py "$WORK"
 runs_stage runs_by_hand killed,resumed $((8 * RUN_TIMEOUT_S / 5))
 
 "$PYTHON" scripts/gpu/check.py report "$WORK" "$OUT/gpu_check.json"

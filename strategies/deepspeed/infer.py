@@ -54,6 +54,7 @@ class DeepSpeedInferStrategy:
         use_sequence_packing: bool = False,
         nvme_dir: str | None = None,
         sequence_parallel_size: int = 1,
+        process_group_timeout_s: float | None = None,
     ) -> None:
         # None: a causal LM; a reward-model head (roll_ds.models.reward_model.HEADS): a scorer.
         self.head = None if head is None else check_head(head)
@@ -65,6 +66,7 @@ class DeepSpeedInferStrategy:
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.use_sequence_packing = use_sequence_packing
         self.seed = seed
+        self.process_group_timeout_s = process_group_timeout_s  # None: DeepSpeed's default
         self.nvme_dir = nvme_dir  # an "auto" nvme_path (StrategyContext.nvme_dir)
         self.sequence_parallel_size = sequence_parallel_size  # Ulysses (sequence_parallel.py)
         self._sp: SequenceParallel | None = None  # set by initialize
@@ -86,13 +88,14 @@ class DeepSpeedInferStrategy:
             use_sequence_packing=worker.use_sequence_packing,
             nvme_dir=ctx.nvme_dir,
             sequence_parallel_size=worker.sequence_parallel_size,
+            process_group_timeout_s=ctx.process_group_timeout_s,
         )
 
     def initialize(self) -> None:
         import deepspeed
         from transformers import AutoConfig
 
-        self.rank, self.world_size = _common.init_distributed()
+        self.rank, self.world_size = _common.init_distributed(self.process_group_timeout_s)
         self.device = _common.device()
         torch.manual_seed(self.seed)
         self.model_path = resolve_model_path(self.model_path)

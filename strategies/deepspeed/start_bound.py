@@ -1,8 +1,9 @@
 """A bound on a trainer rank's start-up (``deepspeed.init_distributed`` + ``deepspeed.initialize``).
 
 A rank whose peer died or never arrived waits in the default group's rendezvous or in a ZeRO
-collective (ZeRO-3 partitioning broadcasts at ``initialize``) for the group's own timeout (30
-min by default), silently. vLLM's start has a bound (``strategies.vllm.start``); this is the
+collective (ZeRO-3 partitioning broadcasts at ``initialize``) for the group's timeout
+(``fault_tolerance.process_group_timeout_s``, 30 min by default; DeepSpeed's own, where none is
+passed, is 10 min), silently. vLLM's start has a bound (``strategies.vllm.start``); this is the
 trainer's: past ``timeout_s`` a watchdog
 
 1. raises ``TimeoutError`` in the starting thread (it surfaces as soon as that thread runs Python

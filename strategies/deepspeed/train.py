@@ -75,6 +75,7 @@ class DeepSpeedTrainStrategy(WeightsOut):
         use_sequence_packing: bool = False,
         nvme_dir: str | None = None,
         sequence_parallel_size: int = 1,
+        process_group_timeout_s: float | None = None,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
@@ -86,6 +87,7 @@ class DeepSpeedTrainStrategy(WeightsOut):
         self.model_args = model_args or ModelArgs()
         self.training_args = training_args or TrainingArgs()
         self.seed = seed
+        self.process_group_timeout_s = process_group_timeout_s  # None: DeepSpeed's default
         self.max_steps = max_steps
         self.infer_batch_size = infer_batch_size
         # micro batches of about this many tokens (None: of per_device_train_batch_size rows /
@@ -120,6 +122,7 @@ class DeepSpeedTrainStrategy(WeightsOut):
             use_sequence_packing=worker.use_sequence_packing,
             nvme_dir=ctx.nvme_dir,
             sequence_parallel_size=worker.sequence_parallel_size,
+            process_group_timeout_s=ctx.process_group_timeout_s,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -161,7 +164,7 @@ class DeepSpeedTrainStrategy(WeightsOut):
             self._initialize()
 
     def _initialize(self) -> None:
-        self.rank, self.world_size = _common.init_distributed()
+        self.rank, self.world_size = _common.init_distributed(self.process_group_timeout_s)
         self.device = _common.device()
         seed_everything(self.seed)
         self.model_path = resolve_model_path(self.model_path)
