@@ -291,6 +291,12 @@ def _link_or_copy(src: str, dst: str) -> None:
 ENGINE_RECORD = "engine.json"
 
 
+class CheckpointError(Exception):
+    """A checkpoint that cannot be loaded as it is (damaged, incomplete, or its conversion for
+    another size failed): loading it again reads the same files, so the automatic restart
+    (``roll_ds/pipeline/restarts.py``) stops on it instead of retrying."""
+
+
 def read_engine_record(directory: str | Path) -> dict[str, Any] | None:
     """``directory/engine.json`` (None: no record, e.g. saved by a roll_ds before it existed)."""
     path = Path(directory) / ENGINE_RECORD

@@ -58,3 +58,7 @@ class FaultToleranceConfig:
     # A generate call waits call_timeout_s plus this per token each engine may handle (its
     # prompts' tokens plus max_new_tokens per sample), in seconds.
     per_token_s: float = 0.05
+    # A resume on another data-parallel size converts the checkpoint first (DeepSpeed: a
+    # universal checkpoint, in the driver before the trainers start); that conversion may take
+    # 300 s plus the checkpoint's bytes at this many MiB per second (100 GB: about 85 min).
+    convert_min_mib_per_s: float = 20.0

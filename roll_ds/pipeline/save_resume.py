@@ -8,10 +8,12 @@ layout, rotation and ``best`` are ``roll_ds.checkpoint``'s.
 ``check_resume`` reads the checkpoint before any actor starts: the trained roles' directories and
 the files their engine records (``engine.json``) list must be there, so a partial copy fails
 naming what it lacks instead of inside a worker. A role resumed on another data-parallel size
-than it was saved on is loaded by its strategy from a universal checkpoint, converted once
-(DeepSpeed: ``strategies/deepspeed/universal.py``); that needs every saved rank's shard, and
-keeps the role's global batch (``resume_batch``: ``gradient_accumulation_steps`` rescaled, or a
-clear error).
+than it was saved on is loaded by its strategy from a universal checkpoint, which
+``check_resume`` has converted here, in the driver, before any actor starts (the strategy's
+``resized_resume`` hook; DeepSpeed: ``strategies/deepspeed/universal.py``), bounded by its size
+(``fault_tolerance.convert_min_mib_per_s``) and kept for later resumes and restarts; that needs
+every saved rank's shard, and keeps the role's global batch (``resume_batch``:
+``gradient_accumulation_steps`` rescaled, or a clear error).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from roll_ds.checkpoint import (
+    CheckpointError,
     CheckpointManager,
     capture_rng_state,
     missing_engine_files,
@@ -30,6 +33,7 @@ from roll_ds.checkpoint import (
 from roll_ds.config.checks.pipeline import train_batch_problems
 from roll_ds.config.role_placement import placement
 from roll_ds.config.schema import RLVRConfig
+from roll_ds.config.strategies import STRATEGY_SPECS, load_hook
 from roll_ds.data.sampler import PromptSampler
 from roll_ds.export import ExportInfo
 from roll_ds.pipeline.model_roles import TrainingRole
@@ -40,6 +44,9 @@ from roll_ds.tracking import ROLLOUTS_FILE, truncate_jsonl_after
 logger = logging.getLogger(__name__)
 
 ENGINE_TAG = "engine"  # each trained role's engine state: <checkpoint>/<role>/engine/
+# Start-up of a conversion's process (interpreter, DeepSpeed's import) and its listing: seconds
+# measured; the rest of its bound scales with the checkpoint's bytes (conversion_bound_s).
+CONVERT_BASE_S = 300.0
 
 
 def save_run_checkpoint(
@@ -104,9 +111,11 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
     """The checkpoint ``cfg.resume_from_checkpoint`` names, checked before any actor starts:
     every trained role's engine directory with every file its record lists. A role resumed on
     another size gets the ``gradient_accumulation_steps`` that keeps its global batch (``cfg``
-    is changed in place). Returns the checkpoint's path."""
+    is changed in place), and what its strategy loads on the new size prepared (converted)
+    once every role passed. Returns the checkpoint's path."""
     assert cfg.resume_from_checkpoint, "only a resuming run is checked"
     path = checkpoints.resolve(cfg.resume_from_checkpoint)
+    to_prepare: list[str] = []  # the roles resumed on another size
     for name in roles:
         directory = path / name / ENGINE_TAG
         if not directory.is_dir():
@@ -148,4 +157,35 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
             problems = train_batch_problems(cfg, name, placement(name, role))
             if problems:  # the rescaled batch must still cut a step's samples evenly
                 raise ValueError(f"resume_from_checkpoint: {'; '.join(problems)}")
+            to_prepare.append(name)
+    for name in to_prepare:  # after every cheap check: a bad config fails before a long conversion
+        prepare_resized(cfg, name, path / name)
     return path
+
+
+def conversion_bound_s(source: Path, mib_per_s: float) -> float:
+    """How long preparing ``source`` for another size may take: ``CONVERT_BASE_S`` plus its
+    bytes at ``mib_per_s`` (DeepSpeed's ``ds_to_universal`` reads every shard once and writes
+    the merged states through a temporary copy: about four times the bytes of disk traffic)."""
+    size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    return CONVERT_BASE_S + size / (mib_per_s * 2**20)
+
+
+def prepare_resized(cfg: RLVRConfig, name: str, directory: Path) -> None:
+    """Role ``name``'s checkpoint (``directory``, tag ``ENGINE_TAG``) prepared by its strategy
+    for a load on another data-parallel size, here in the driver (no rank waits for it),
+    bounded by ``fault_tolerance.convert_min_mib_per_s``."""
+    spec = STRATEGY_SPECS.get(getattr(cfg, name).strategy_args.strategy_name)
+    if spec is None or spec.resized_resume is None:
+        return
+    rate = cfg.fault_tolerance.convert_min_mib_per_s
+    bound = conversion_bound_s(directory / ENGINE_TAG, rate)
+    try:
+        load_hook(spec.resized_resume)(str(directory), ENGINE_TAG, timeout_s=bound)
+    except TimeoutError as exc:
+        raise CheckpointError(
+            f"resume_from_checkpoint: {exc} (the bound for its size at "
+            f"fault_tolerance.convert_min_mib_per_s={rate:g}); on a slower disk lower "
+            "fault_tolerance.convert_min_mib_per_s, or resume on the data-parallel size it was "
+            "saved on"
+        ) from None

@@ -1,6 +1,8 @@
 """check_resume: the driver reads a checkpoint before any actor starts. A complete one passes on
-its own size and on another (its strategy converts it then); a missing role directory or a
-shard its engine record lists but the directory lacks fails naming the field and the file. On
+its own size and on another (its strategy's ``resized_resume`` hook, recorded here, prepares it
+then: the real conversion on a real checkpoint is test_universal_checkpoint.py's); a missing
+role directory or a shard its engine record lists but the directory lacks fails naming the field
+and the file. On
 another size the role keeps its global batch: gradient_accumulation_steps rescaled where it
 divides, a clear error naming the field where it does not."""
 
@@ -14,6 +16,7 @@ import pytest
 
 from roll_ds.checkpoint import CheckpointManager, write_engine_record
 from roll_ds.config.schema import RLVRConfig, WorkerConfig
+from roll_ds.pipeline import save_resume
 from roll_ds.pipeline.save_resume import ENGINE_TAG, check_resume
 
 SHARDS = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
@@ -49,6 +52,7 @@ def _checkpoint(
 
 def _cfg(path: Path | str, world: int, micro: int = 2, accum: int = 1) -> RLVRConfig:
     actor = WorkerConfig(device_mapping=list(range(world)))
+    actor.strategy_args.strategy_name = "deepspeed_train"
     actor.training_args.per_device_train_batch_size = micro
     actor.training_args.gradient_accumulation_steps = accum
     # 2 prompts x 4 samples = 8 rows a step: whole optimizer steps of 4 rows on 1, 2 or 4 ranks
@@ -60,12 +64,26 @@ def _cfg(path: Path | str, world: int, micro: int = 2, accum: int = 1) -> RLVRCo
     )
 
 
+@pytest.fixture(autouse=True)
+def prepared(monkeypatch) -> list[tuple]:
+    """The strategy's resized_resume hook (the boundary: these shards are not real DeepSpeed
+    files), recording what the driver asked it to prepare."""
+    calls: list[tuple] = []
+
+    def hook(target: str):
+        assert target == "strategies.deepspeed.universal:prepare_resized"
+        return lambda path, tag, *, timeout_s: calls.append((Path(path).name, tag, timeout_s))
+
+    monkeypatch.setattr(save_resume, "load_hook", hook)
+    return calls
+
+
 def _accum(cfg: RLVRConfig) -> int:
     return cfg.actor_train.training_args.gradient_accumulation_steps
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_complete_checkpoint_passes_on_any_size(tmp_path, world, caplog):
+def test_complete_checkpoint_passes_on_any_size(tmp_path, world, caplog, prepared):
     path = _checkpoint(tmp_path, accum=2)  # 2 x 2 x 2 = 8 rows a step: GA 4, 2, 1
     cfg = _cfg(path, world, accum=2)
     with caplog.at_level(logging.INFO, logger="roll_ds.pipeline.save_resume"):
@@ -73,6 +91,9 @@ def test_complete_checkpoint_passes_on_any_size(tmp_path, world, caplog):
     assert _accum(cfg) * world == 4
     converting = "universal checkpoint" in caplog.text
     assert converting == (world != 2), caplog.text
+    # prepared in the driver, bounded by 300 s plus its few bytes at 20 MiB/s
+    assert [c[:2] for c in prepared] == ([("actor_train", ENGINE_TAG)] if world != 2 else [])
+    assert all(300 < c[2] < 301 for c in prepared)
 
 
 def test_latest_resolves(tmp_path):
