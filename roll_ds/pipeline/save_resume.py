@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from zipfile import is_zipfile
 
 from roll_ds.checkpoint import (
     CheckpointError,
@@ -28,6 +29,7 @@ from roll_ds.checkpoint import (
     capture_rng_state,
     missing_engine_files,
     read_engine_record,
+    read_json,
     restore_rng_state,
 )
 from roll_ds.config.checks.pipeline import train_batch_problems
@@ -35,7 +37,9 @@ from roll_ds.config.role_placement import placement
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.config.strategies import STRATEGY_SPECS, load_hook
 from roll_ds.data.sampler import PromptSampler
-from roll_ds.export import ExportInfo
+from roll_ds.distributed.errors import WorkerError
+from roll_ds.distributed.recovery import is_dead
+from roll_ds.export import EXPORT_INFO, ExportInfo
 from roll_ds.pipeline.model_roles import TrainingRole
 from roll_ds.pipeline.resume_batch import keep_global_batch
 from roll_ds.pipeline.rollout_queue import RolloutQueue
@@ -93,8 +97,21 @@ def resume_run(
     path = checkpoints.resolve(which)
     state = checkpoints.load_state(path)
     loads = [trainers[n].load_checkpoint(str(path / n), ENGINE_TAG) for n in roles]
-    for call in loads:
-        call.get()
+    for name, call in zip(roles, loads, strict=True):
+        try:
+            call.get()
+        except WorkerError as exc:
+            if is_dead(exc):  # a rank that died while loading: restartable
+                raise
+            # the load raised: the files (or their fit to this config) are wrong; another
+            # attempt reads the same ones (restarts.py stops on a CheckpointError)
+            raise CheckpointError(
+                f"resume_from_checkpoint: loading {path / name} into {name} failed on rank "
+                f"{exc.rank}: {str(exc).splitlines()[0]}. The checkpoint is damaged or does not "
+                "fit this config; an automatic restart would load the same files, so the run "
+                "stops: resume from another checkpoint (resume_from_checkpoint=<its path>) or "
+                "with the settings it was saved under"
+            ) from exc
     if sampler is not None:  # environments draw their seeds from (seed, step): no state
         sampler.load_state_dict(state["sampler"])
     if queue is not None:
@@ -115,6 +132,11 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
     once every role passed. Returns the checkpoint's path."""
     assert cfg.resume_from_checkpoint, "only a resuming run is checked"
     path = checkpoints.resolve(cfg.resume_from_checkpoint)
+    checkpoints.load_state(path)  # pipeline_state.json there, and JSON
+    for record_file in sorted(path.rglob("*.json")):  # every JSON file of it parses
+        read_json(record_file)
+    if "actor_train" in roles:
+        check_lora_shape(cfg, path)
     to_prepare: list[str] = []  # the roles resumed on another size
     for name in roles:
         directory = path / name / ENGINE_TAG
@@ -125,6 +147,13 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
             )
         record = read_engine_record(directory)
         if record is None:  # an older checkpoint: its strategy checks what it loads
+            damaged = truncated_files(directory, sorted(p.name for p in directory.glob("*.pt")))
+            if damaged:
+                raise CheckpointError(
+                    f"resume_from_checkpoint: {directory / damaged[0]} is damaged: not a "
+                    f"complete torch file (truncated?){_and_more(damaged)}; resume from "
+                    "another checkpoint"
+                )
             continue
         saved = record.get("dp_world_size")
         role = getattr(cfg, name)
@@ -142,6 +171,12 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
             raise FileNotFoundError(
                 f"resume_from_checkpoint: {directory} lacks {', '.join(missing)}, which its "
                 f"{name} engine wrote (a partial copy?); {fix}Resume from a complete checkpoint"
+            )
+        damaged = truncated_files(directory, record.get("files", []))
+        if damaged:
+            raise CheckpointError(
+                f"resume_from_checkpoint: {directory / damaged[0]} is damaged: not a complete "
+                f"torch file (truncated?){_and_more(damaged)}; resume from another checkpoint"
             )
         if resized:
             logger.info(
@@ -161,6 +196,59 @@ def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequenc
     for name in to_prepare:  # after every cheap check: a bad config fails before a long conversion
         prepare_resized(cfg, name, path / name)
     return path
+
+
+def truncated_files(directory: Path, names: Sequence[str]) -> list[str]:
+    """The ``.pt`` files among ``names`` that are not whole: torch saves a zip archive, whose
+    directory is at its end, so a cut file lacks it (read from the end: cheap at any size)."""
+    return [
+        n
+        for n in names
+        if n.endswith(".pt") and (directory / n).is_file() and not is_zipfile(directory / n)
+    ]
+
+
+def _and_more(names: Sequence[str]) -> str:
+    return f" (and {len(names) - 1} more: {', '.join(names[1:4])})" if len(names) > 1 else ""
+
+
+def check_lora_shape(cfg: RLVRConfig, path: Path) -> None:
+    """The policy's LoRA adapter as the checkpoint's ``export_info.json`` records it (absent:
+    an older checkpoint, unchecked) against ``actor_train.model_args``: another rank or target
+    is another shape, which DeepSpeed's load would refuse after every role started."""
+    info_file = path / EXPORT_INFO
+    if not info_file.is_file():
+        return
+    saved = read_json(info_file).get("lora")
+    args = cfg.actor_train.model_args
+    field = "actor_train.model_args"
+    if saved is None and args.lora_rank is not None:
+        raise ValueError(
+            f"resume_from_checkpoint: {info_file} records a policy trained without LoRA, but "
+            f"{field}.lora_rank is {args.lora_rank}; set {field}.lora_rank=null to resume it"
+        )
+    if saved is None:
+        return
+    if args.lora_rank is None:
+        raise ValueError(
+            f"resume_from_checkpoint: {info_file} records a LoRA adapter of rank "
+            f"{saved['rank']}, but {field}.lora_rank is null; set {field}.lora_rank="
+            f"{saved['rank']} (and lora_target={saved['target']}) to resume it"
+        )
+    for key, value in (("rank", args.lora_rank), ("target", args.lora_target)):
+        if _lora_value(key, saved.get(key)) != _lora_value(key, value):
+            raise ValueError(
+                f"resume_from_checkpoint: {info_file} records the LoRA adapter's {key} as "
+                f"{saved.get(key)!r}, but {field}.lora_{key} is {value!r}: another adapter "
+                f"shape; set {field}.lora_{key}={saved.get(key)} to resume it"
+            )
+
+
+def _lora_value(key: str, value: object) -> object:
+    """A LoRA setting as it shapes the adapter: a target list's order and spaces do not."""
+    if key == "target" and isinstance(value, str) and value != "all-linear":
+        return frozenset(t.strip() for t in value.split(","))
+    return value
 
 
 def conversion_bound_s(source: Path, mib_per_s: float) -> float:

@@ -13,8 +13,9 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
-from roll_ds.checkpoint import CheckpointManager, write_engine_record
+from roll_ds.checkpoint import CheckpointError, CheckpointManager, write_engine_record
 from roll_ds.config.schema import RLVRConfig, WorkerConfig
 from roll_ds.pipeline import save_resume
 from roll_ds.pipeline.save_resume import ENGINE_TAG, check_resume
@@ -37,8 +38,8 @@ def _checkpoint(
     engine = partial / "actor_train" / ENGINE_TAG
     engine.mkdir(parents=True)
     files = ["mp_rank_00_model_states.pt", *SHARDS[:saved_ranks]]
-    for name in files:
-        (engine / name).write_bytes(b"x")
+    for name in files:  # whole torch files (a zip archive each), of a tensor
+        torch.save({"x": torch.zeros(4)}, engine / name)
     if record:
         sizes = {
             "world_size": saved_ranks,
@@ -218,3 +219,73 @@ def test_checkpoint_without_record_is_left_to_its_strategy(tmp_path):
 def test_engine_record_round_trip(tmp_path):
     write_engine_record(tmp_path, {"files": ["a.pt"], "world_size": 2})
     assert json.loads((tmp_path / "engine.json").read_text())["world_size"] == 2
+
+
+# --- damage the file listing does not show: each a clear error naming the file, before any
+# actor starts (the trainers' load failed after every role had started) -------------------------
+
+
+def test_a_truncated_shard_is_named(tmp_path):
+    path = _checkpoint(tmp_path)
+    shard = path / "actor_train" / ENGINE_TAG / SHARDS[1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=f"{shard} is damaged: not a complete torch file"):
+        check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def test_a_truncated_shard_of_a_checkpoint_without_a_record_is_named(tmp_path):
+    path = _checkpoint(tmp_path, record=False)
+    shard = path / "actor_train" / ENGINE_TAG / SHARDS[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=f"{shard} is damaged"):
+        check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def test_a_missing_pipeline_state_is_named(tmp_path):
+    path = _checkpoint(tmp_path)
+    (path / "pipeline_state.json").unlink()
+    with pytest.raises(CheckpointError, match=f"{path / 'pipeline_state.json'} is missing"):
+        check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+@pytest.mark.parametrize(
+    "name", ["pipeline_state.json", "actor_train/engine/engine.json", "rollouts_in_flight.json"]
+)
+def test_a_corrupt_json_file_is_named(tmp_path, name):
+    path = _checkpoint(tmp_path)
+    (path / name).write_text('{"step": 3, "sampler": {')  # cut short
+    with pytest.raises(CheckpointError, match=f"{path / name} is not valid JSON"):
+        check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def _with_lora(path: Path, lora: dict | None) -> None:
+    """The checkpoint's export_info.json, as save_run_checkpoint writes it."""
+    from roll_ds.export import ExportInfo
+
+    ExportInfo(base_model="m", base_model_path="/m", lora=lora).save(path)
+
+
+LORA = {"rank": 4, "alpha": 8, "dropout": 0.0, "target": "all-linear"}
+
+
+@pytest.mark.parametrize(
+    ("saved", "rank", "target", "field"),
+    [
+        (LORA, 8, "all-linear", "actor_train.model_args.lora_rank"),
+        (LORA, 4, "q_proj,v_proj", "actor_train.model_args.lora_target"),
+        (LORA, None, "all-linear", "actor_train.model_args.lora_rank"),
+        (None, 4, "all-linear", "actor_train.model_args.lora_rank"),
+    ],
+)
+def test_a_lora_shape_other_than_the_config_s_is_named(tmp_path, saved, rank, target, field):
+    path = _checkpoint(tmp_path)
+    _with_lora(path, saved)
+    cfg = _cfg(path, 2)
+    cfg.actor_train.model_args.lora_rank = rank
+    cfg.actor_train.model_args.lora_target = target
+    with pytest.raises(ValueError, match=f"{path / 'export_info.json'} records") as info:
+        check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    assert field in str(info.value)
+    cfg.actor_train.model_args.lora_rank = saved and saved["rank"]
+    cfg.actor_train.model_args.lora_target = "all-linear"
+    check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])  # the saved shape passes
