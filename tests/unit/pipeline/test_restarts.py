@@ -306,3 +306,26 @@ def test_a_rank_that_died_while_loading_is_still_restarted(tmp_path):
     restarts = TrainerRestarts(config(tmp_path, restarts=2))
     restarts.on_failure(info.value, started=True)  # returns: restarted
     assert restarts.count == 1
+
+
+def test_the_loop_stops_at_a_checkpoint_that_fails_to_load(monkeypatch, tmp_path):
+    """run_pipeline with restarts left: the attempt whose load raised is torn down, and no
+    other attempt is built (one would load the same files)."""
+    from roll_ds.checkpoint import CheckpointError
+
+    try:
+        raise CheckpointError("loading step_000002/actor_train failed") from died("actor_train")
+    except CheckpointError as exc:
+        damaged = exc
+    log: list = []
+    attempts: list = []
+
+    def build(attempt_cfg, restarts):
+        attempts.append(attempt_cfg)
+        return FakePipeline(attempt_cfg, damaged, log)
+
+    monkeypatch.setattr(launch, "_build", build)
+    monkeypatch.setattr(launch.logging, "basicConfig", lambda **_: None)
+    with pytest.raises(CheckpointError):
+        launch.run_pipeline(config(tmp_path, restarts=2))
+    assert len(attempts) == 1 and log == [("start", None), ("shutdown",)]
