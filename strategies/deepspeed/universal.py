@@ -75,8 +75,9 @@ def converted_tag(path: str, tag: str) -> str:
         raise FileNotFoundError(
             f"{target} is missing: a checkpoint resumed on another data-parallel size is "
             "converted to a universal checkpoint by the driver before the trainers start "
-            "(roll_ds.pipeline.save_resume.check_resume); outside the pipeline convert it "
-            f"first: python -m strategies.deepspeed.universal {source} {target}"
+            "(roll_ds.pipeline.save_resume.check_resume), which every node of the role must "
+            "see (a shared filesystem); outside the pipeline convert it first: "
+            f"python -m strategies.deepspeed.universal {source} {target}"
         )
     return universal_tag(tag)
 
