@@ -46,9 +46,14 @@ def main(raw: DictConfig) -> None:
         print(f"roll_ds: {exc}", file=sys.stderr)
         sys.exit(2)
 
+    from roll_ds.checkpoint import CheckpointError
     from roll_ds.pipeline.launch import run_pipeline
 
-    run_pipeline(cfg)
+    try:
+        run_pipeline(cfg)
+    except CheckpointError as exc:  # a checkpoint that does not load: not retried, said plainly
+        print(f"roll_ds: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 def cli() -> None:

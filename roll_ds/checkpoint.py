@@ -159,7 +159,15 @@ class CheckpointManager:
 
     @staticmethod
     def load_state(path: Path) -> dict[str, Any]:
-        return json.loads((path / STATE_FILE).read_text())
+        """The driver's state ``path/pipeline_state.json``; missing or not JSON: a
+        ``CheckpointError`` naming the file."""
+        state = path / STATE_FILE
+        if not state.is_file():
+            raise CheckpointError(
+                f"resume_from_checkpoint: {state} is missing (the driver's step, data position "
+                "and RNG states; a partial copy?); resume from a complete checkpoint"
+            )
+        return read_json(state)
 
     def _prune(self, keep: Path) -> None:
         """Delete all but the newest ``keep_last`` complete checkpoints, never ``keep`` (the one
@@ -291,10 +299,27 @@ def _link_or_copy(src: str, dst: str) -> None:
 ENGINE_RECORD = "engine.json"
 
 
+class CheckpointError(Exception):
+    """A checkpoint that cannot be loaded as it is (damaged, incomplete, or its conversion for
+    another size failed): loading it again reads the same files, so the automatic restart
+    (``roll_ds/pipeline/restarts.py``) stops on it instead of retrying."""
+
+
 def read_engine_record(directory: str | Path) -> dict[str, Any] | None:
     """``directory/engine.json`` (None: no record, e.g. saved by a roll_ds before it existed)."""
     path = Path(directory) / ENGINE_RECORD
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
+
+
+def read_json(path: str | Path) -> Any:
+    """A checkpoint's JSON file; one that does not parse is a ``CheckpointError`` naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(
+            f"resume_from_checkpoint: {path} is not valid JSON ({exc}): the checkpoint is "
+            "damaged (a truncated copy?); resume from another checkpoint"
+        ) from None
 
 
 def write_engine_record(directory: str | Path, record: dict[str, Any]) -> None:

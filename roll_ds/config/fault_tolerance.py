@@ -64,3 +64,7 @@ class FaultToleranceConfig:
     # next bucket's ZeRO-3 gather: this must exceed that bound by a margin (validated), or an
     # engine that hangs turns its replacement into a trainer restart. DeepSpeed's default: 600.
     process_group_timeout_s: float = 1800.0
+    # A resume on another data-parallel size converts the checkpoint first (DeepSpeed: a
+    # universal checkpoint, in the driver before the trainers start); that conversion may take
+    # 300 s plus the checkpoint's bytes at this many MiB per second (100 GB: about 85 min).
+    convert_min_mib_per_s: float = 20.0

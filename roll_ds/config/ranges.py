@@ -210,6 +210,7 @@ FAULT_TOLERANCE: dict[str, Rule] = {
     "max_restarts": Range(low=0, note="0: a dead worker stops the run"),
     "call_timeout_s": POSITIVE,
     "per_token_s": Range(low=0),
+    "convert_min_mib_per_s": POSITIVE,
     "max_trainer_restarts": Range(low=0, note="0: a failed trainer rank stops the run"),
     "process_group_timeout_s": POSITIVE,
 }

@@ -54,6 +54,11 @@ class StrategySpec:
     scores_sequences: bool = False
     # serves a base model plus a synced LoRA adapter (weight_sync.lora_sync=adapter)
     serves_adapters: bool = False
+    # "module:function", called by the driver before any trainer starts as
+    # f(path, tag, *, timeout_s) when a trained role resumes on another data-parallel size than
+    # its checkpoint ``path/tag`` was saved on: prepares what the strategy's load reads (None:
+    # the load needs nothing prepared).
+    resized_resume: str | None = None
 
 
 def names_with(ability: str) -> list[str]:
@@ -78,6 +83,7 @@ STRATEGY_SPECS: dict[str, StrategySpec] = {
         role_checks=_DEEPSPEED_CHECKS,
         token_micro_batches=True,
         old_logprobs_in_train_step=True,
+        resized_resume="strategies.deepspeed.universal:prepare_resized",
     ),
     "deepspeed_infer": StrategySpec(
         "strategies.deepspeed.infer:DeepSpeedInferStrategy",

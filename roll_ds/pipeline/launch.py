@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from roll_ds.checkpoint import CheckpointError
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.data.dataset import DatasetFormatError
 
@@ -68,7 +69,7 @@ def _build(cfg: RLVRConfig, restarts):
 
     try:
         return RLVRPipeline(cfg, faults=restarts)
-    except (DatasetFormatError, FileNotFoundError, ValueError) as exc:
+    except (DatasetFormatError, FileNotFoundError, ValueError, CheckpointError) as exc:
         print(f"roll_ds: {exc}", file=sys.stderr)
         sys.exit(2)
 

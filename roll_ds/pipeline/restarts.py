@@ -11,7 +11,8 @@ What is restarted: a ``WorkerError`` or ``WorkerTimeoutError`` of a trainer role
 error (a failed weight sync) whose causes include one (a trainer rank that died, raised or
 stopped answering in the sync: ``weight_sync.base.stuck_workers``), raised directly or as the
 ``__cause__`` of what the loop raised. Never restarted: any other error (a bug in the driver, a
-rollout or reward role; those have their own policy), a failure while the first attempt starts
+rollout or reward role; those have their own policy), a checkpoint that fails to load
+(``CheckpointError``: a restart would load the same files), a failure while the first attempt starts
 its roles (a config or environment problem: starting again repeats it), and a failure while a
 restart starts them (``RestartError``: the roles cannot be placed again, say because a node is
 gone and no other node has room).
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from roll_ds.checkpoint import LATEST, CheckpointManager
+from roll_ds.checkpoint import LATEST, CheckpointError, CheckpointManager
 from roll_ds.config.roles import TRAIN_ROLES
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.distributed.errors import ClusterError, WorkerError, WorkerTimeoutError
@@ -62,6 +63,18 @@ def failed_trainer(exc: BaseException) -> str | None:
                 found = failed_trainer(failure)
                 if found:
                     return found
+        error = error.__cause__
+    return None
+
+
+def checkpoint_error(exc: BaseException) -> CheckpointError | None:
+    """The ``CheckpointError`` ``exc`` is or was raised from (explicit chaining), else None."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, CheckpointError):
+            return error
         error = error.__cause__
     return None
 
@@ -99,6 +112,10 @@ class TrainerRestarts:
         """Return if the run is to be restarted after ``exc``; else raise (``exc`` itself, or
         ``RestartError`` from it). ``started``: the attempt's roles were all up."""
         trainer = failed_trainer(exc)
+        damaged = checkpoint_error(exc)
+        if damaged is not None:  # loading it again reads the same files
+            logger.error("%s; not restarted", damaged)
+            raise exc
         if not started:
             if self.count:  # a restart could not bring the roles up again
                 raise RestartError(

@@ -7,7 +7,7 @@ a partial checkpoint before any actor starts: ``roll_ds.pipeline.save_resume``).
 an engine of another stage is refused with the setting to change, before DeepSpeed fails on the
 layout (a LoRA ZeRO-3 config may run at stage 2: ``zero3_adapter_stage``). Loading it into an
 engine of another data-parallel size goes through a universal checkpoint (``universal``),
-converted once.
+converted once by the driver before the trainers start.
 
 RNG states on another size: rank ``r`` restores ``rng_state_rank<r>.json`` where the checkpoint
 has one, and rank 0's otherwise (a grown role's new ranks). Every rank is seeded alike
@@ -139,7 +139,7 @@ def _universal_tag(engine: Any, record: dict[str, Any], path: str, tag: str, *, 
             saved,
             now,
         )
-    return universal.ensure_universal(path, tag, rank=rank)
+    return universal.converted_tag(path, tag)
 
 
 def rng_path(path: str, tag: str, rank: int) -> str:

@@ -13,7 +13,11 @@ A role whose DeepSpeed config offloads to NVMe (``${deepspeed_zero3_nvme}``) nee
   and for the trained parameters fp32 master weights, Adam's two moments and the gradients (16
   bytes each).
   DeepSpeed writes them all when the engine starts, whatever ``max_in_cpu`` keeps in host
-  memory as well. Each node holds its own ranks' partitions;
+  memory as well. Each node holds its own ranks' partitions, and every rank of a node swaps onto
+  the same disk: the room needed is the node's share (its ranks / the data-parallel size), not
+  one rank's. The driver counts a node's ranks from ``device_mapping`` and
+  ``num_gpus_per_node``; each rank counts the ranks whose ``nvme_path`` is on its own file
+  system (host name and device number, gathered over the role's process group);
 - a file system that takes ``O_DIRECT`` (DeepSpeed opens its swap files with it), and that is
   not memory: on tmpfs or ramfs "NVMe" is host memory, which the offload was meant to spare.
   That works (tmpfs takes ``O_DIRECT`` since Linux 6.6), so it is a warning.
@@ -193,6 +197,34 @@ def path_problems(path: str, need_bytes: int, field: str) -> tuple[list[str], li
     return [], warnings
 
 
+def disk_id(path: str) -> tuple[str, int]:
+    """Which disk ``path`` swaps onto, comparable across ranks: the host and the device number
+    of its nearest existing directory."""
+    import socket
+
+    return socket.gethostname(), os.stat(_existing_ancestor(Path(path).absolute())).st_dev
+
+
+def disk_peers(paths: list[str]) -> list[int]:
+    """For each of ``paths`` (the same list on every rank): how many ranks of this process group
+    swap onto the disk this rank's copy of it is on, itself included; 1 each without a process
+    group."""
+    mine = [disk_id(p) for p in paths]
+    everyone = _gather_disk_ids(mine)
+    return [sum(ids[i] == disk for ids in everyone) for i, disk in enumerate(mine)]
+
+
+def _gather_disk_ids(mine: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+    """Every rank's ``disk_id`` list (the process group is the boundary tests fake)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return [[tuple(d) for d in ids] for ids in gathered]
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -241,9 +273,12 @@ def ds_nvme_problems(
     trained_numel: int | None,
     dtype: str,
     share: float = 1.0,
+    path_shares: Mapping[str, float] | None = None,
 ) -> tuple[list[str], list[str]]:
     """``(problems, warnings)`` of one role's NVMe offload (``field``: its strategy_config).
-    ``size`` None: the room is not checked (a model whose weights are not readable here)."""
+    ``size`` None: the room is not checked (a model whose weights are not readable here).
+    ``share``: the fraction of the role's data-parallel ranks that swap onto each path's disk
+    (``path_shares``: per path, where known)."""
     paths = nvme_paths(ds_config)
     if not paths or (zero_stage(ds_config) != 3 and "offload_param" in paths):
         return [], []  # no NVMe, or a stage error reported by check_deepspeed_config
@@ -258,8 +293,9 @@ def ds_nvme_problems(
         need = 0
         if size is not None:
             trained = size.numel if trained_numel is None else trained_numel
+            on_disk = (path_shares or {}).get(path, share)
             need = swap_bytes(
-                sections, numel=size.numel, trained_numel=trained, dtype=dtype, share=share
+                sections, numel=size.numel, trained_numel=trained, dtype=dtype, share=on_disk
             )
         key = f"{field}.zero_optimization.{sections[0]}.nvme_path"
         found, warned = path_problems(path, need, key)
@@ -278,10 +314,15 @@ def check_rank_nvme(
 ) -> None:
     """A rank's check of its built config (``nvme_path`` resolved) before its engine starts:
     raises ``ValueError`` with every problem, logs the warnings. The rank's node may not be the
-    machine that validated the config; each rank checks room for its own partitions."""
+    machine that validated the config; each rank checks room for the partitions of every rank
+    that swaps onto the same disk (``disk_peers``: a collective, so every rank of the role
+    calls this)."""
     paths = nvme_paths(ds_config)
     if not paths:
         return
+    directories = sorted({str(p) for p in paths.values()})
+    peers = disk_peers(directories)
+    shares = {d: min(1.0, n / max(1, dp_size)) for d, n in zip(directories, peers, strict=True)}
     problems, warnings = ds_nvme_problems(
         ds_config,
         "strategy_config",
@@ -290,6 +331,7 @@ def check_rank_nvme(
         trained_numel=trained_numel,
         dtype=dtype,
         share=1.0 / dp_size,
+        path_shares=shares,
     )
     for line in warnings:
         logger.warning("%s", line)

@@ -6,9 +6,17 @@ engine of another size. ``deepspeed.checkpoint.ds_to_universal`` merges the part
 file per parameter and state (``<tag>_universal/zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt``),
 which an engine of any size loads with ``checkpoint.load_universal``.
 
-The conversion runs once, on rank 0, into ``<tag>_universal`` beside the checkpoint: written to
-``<tag>_universal.tmp`` and renamed, so a crash leaves no half-converted directory that a later
-resume would trust; a second resume on the new size finds it and converts nothing.
+The conversion runs once, in the driver before any trainer starts (``prepare_resized``, the
+``resized_resume`` hook of the strategy's spec, called by ``roll_ds.pipeline.save_resume``), in a
+child process of its own: no rank waits in a collective while it runs (it reads every rank's
+optimizer file, minutes for a 7B model, where a barrier's 10-minute process-group timeout killed
+the waiting ranks), and no trainer actor holds the optimizer files it loads. It is bounded by the
+driver's ``conversion_bound_s`` (300 s plus the checkpoint's bytes at
+``fault_tolerance.convert_min_mib_per_s``); past it the child's process group is killed. It
+writes into ``<tag>_universal.tmp`` and renames that to ``<tag>_universal``, so a crash or a
+timeout leaves no half-converted directory a later resume would trust (the partial one is
+removed); a restart, or a second resume on the new size, finds it and converts nothing. The
+trainers' load (``converted_tag``) only reads it.
 
 ZeRO-3 loads through DeepSpeed's stage-3 path
 (``load_hp_checkpoint_state_from_checkpoint_dir_stage3``, DeepSpeed 0.19.8), which restores
@@ -37,41 +45,104 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from strategies.deepspeed.zero import barrier
+from roll_ds.checkpoint import CheckpointError
 
 logger = logging.getLogger(__name__)
 
 SUFFIX = "_universal"
+PARTIAL = ".tmp"
 
 
 def universal_tag(tag: str) -> str:
     return f"{tag}{SUFFIX}"
 
 
-def ensure_universal(path: str, tag: str, *, rank: int) -> str:
-    """The tag of ``path/tag`` converted to a universal checkpoint, converting it first (rank 0,
-    every rank waits) unless an earlier resume did."""
+def converted_tag(path: str, tag: str) -> str:
+    """The tag of ``path/tag``'s universal checkpoint, which the driver converted before the
+    trainers started (``prepare_resized``); a rank never converts (nor waits for it)."""
     target = os.path.join(path, universal_tag(tag))
-    if rank == 0 and not os.path.isdir(target):
-        convert(os.path.join(path, tag), target)
-    barrier()
-    if not os.path.isdir(target):  # another node's rank 0 wrote it on a filesystem we lack
+    if not os.path.isdir(target):
+        source = os.path.join(path, tag)
         raise FileNotFoundError(
-            f"{target}: rank 0 converted the checkpoint, but this rank does not see it; every "
-            "node of the role must see the checkpoint directory (a shared filesystem)"
+            f"{target} is missing: a checkpoint resumed on another data-parallel size is "
+            "converted to a universal checkpoint by the driver before the trainers start "
+            "(roll_ds.pipeline.save_resume.check_resume), which every node of the role must "
+            "see (a shared filesystem); outside the pipeline convert it first: "
+            f"python -m strategies.deepspeed.universal {source} {target}"
         )
     return universal_tag(tag)
+
+
+def prepare_resized(path: str, tag: str, *, timeout_s: float) -> str:
+    """Driver side, before any trainer starts: ``path/tag`` converted to a universal checkpoint
+    beside it, unless an earlier resume (or restart) did; returns its directory. Raises
+    ``TimeoutError`` past ``timeout_s`` and ``CheckpointError`` when the conversion fails; either
+    leaves no partial output."""
+    target = os.path.join(path, universal_tag(tag))
+    if os.path.isdir(target):
+        logger.info("%s: converted by an earlier resume, kept", target)
+        return target
+    convert_in_child(os.path.join(path, tag), target, timeout_s=timeout_s)
+    return target
+
+
+def convert_in_child(source: str, target: str, *, timeout_s: float) -> None:
+    """``convert`` in a process of its own (``python -m strategies.deepspeed.universal``),
+    killed with its children past ``timeout_s``."""
+    root = str(Path(__file__).resolve().parents[2])  # where ``strategies`` imports from
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", __name__, source, target]
+    started = time.perf_counter()
+    with tempfile.TemporaryFile(mode="w+") as output:
+        child = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            code = child.wait(timeout=timeout_s)
+        except BaseException as exc:  # the bound, or a Ctrl-C: no conversion left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            shutil.rmtree(f"{target}{PARTIAL}", ignore_errors=True)
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise TimeoutError(
+                    f"converting {source} to a universal checkpoint did not end within "
+                    f"{timeout_s:.0f} s; the partial {target}{PARTIAL} was removed"
+                ) from None
+            raise
+        output.seek(0)
+        log = output.read()
+    if code != 0:
+        shutil.rmtree(f"{target}{PARTIAL}", ignore_errors=True)
+        tail = "\n".join(log.strip().splitlines()[-15:])
+        raise CheckpointError(
+            f"converting {source} to a universal checkpoint failed (exit {code}; a damaged or "
+            f"incomplete checkpoint?):\n{tail}"
+        )
+    logger.info(
+        "converted %s to a universal checkpoint %s in %.1f s (a process of its own, before the "
+        "trainers start)",
+        source,
+        target,
+        time.perf_counter() - started,
+    )
 
 
 def convert(source: str, target: str) -> None:
     """``ds_to_universal`` of ``source`` into ``target``, atomically."""
     from deepspeed.checkpoint import ds_to_universal
 
-    partial = f"{target}.tmp"
+    partial = f"{target}{PARTIAL}"
     shutil.rmtree(partial, ignore_errors=True)  # what an interrupted conversion left
     args = argparse.Namespace(
         input_folder=source,
@@ -155,3 +226,23 @@ def _quiet_stdout() -> Iterator[None]:
         for line in buffer.getvalue().splitlines():
             if line.strip():
                 logger.debug("ds_to_universal: %s", line)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m strategies.deepspeed.universal SOURCE TARGET``: convert a DeepSpeed
+    checkpoint tag directory into a universal checkpoint (what ``prepare_resized`` runs)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("source", help="a checkpoint's tag directory, e.g. .../actor_train/engine")
+    parser.add_argument("target", nargs="?", help="default: SOURCE with the _universal suffix")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+    source = args.source.rstrip(os.sep)
+    target = args.target or f"{source}{SUFFIX}"
+    if os.path.isdir(target):
+        logger.info("%s exists: nothing to convert", target)
+        return
+    convert(source, target)
+
+
+if __name__ == "__main__":
+    main()

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.integration
 
 GLOBAL_ROWS, MICRO = 8, 2
 LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-5
+LOAD_PG_TIMEOUT_S = 3.0  # the trainers' load of a converted checkpoint: no rank waits that long
 ZERO3 = {"stage3_param_persistence_threshold": 0}
 
 
@@ -122,9 +123,25 @@ def _save_and_continue(model_path: str, ckpt: str, key: str) -> dict:
 
 def _resume(model_path: str, ckpt: str, key: str) -> dict:
     """A fresh engine (another seed: the state must come from disk) loads ``ckpt`` and takes
-    the next step."""
+    the next step. The load runs under a process-group timeout of ``LOAD_PG_TIMEOUT_S``, and a
+    conversion in this process would take longer (DeepSpeed's converter slowed, as a large
+    checkpoint's is): the driver converted the checkpoint before (``_convert``), so no rank
+    converts nor waits for another (converting on rank 0 inside the load, as before, timed out
+    rank 1's barrier)."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from deepspeed.checkpoint import ds_to_universal
+
     s = _strategy(model_path, key, int(os.environ["WORLD_SIZE"]), seed=123)
+    convert = ds_to_universal.main
+    ds_to_universal.main = lambda args: (time.sleep(LOAD_PG_TIMEOUT_S + 2), convert(args))
+    dist.barrier()  # the ranks enter the load together
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=LOAD_PG_TIMEOUT_S))
     s.load_checkpoint(ckpt, "engine")
+    dist.distributed_c10d._set_pg_timeout(timedelta(minutes=10))
+    ds_to_universal.main = convert
     out = {"global_step": s.global_step, **_step(s, 1)}
     s.close()
     return out
@@ -153,9 +170,43 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float(abs(a[k] - b[k]).max()) for k in a)
 
 
+def _convert(work: str, keys: list[str], way: str) -> None:
+    """What the driver does before the trainers start (roll_ds.pipeline.save_resume): each
+    checkpoint converted by the real hook, in a process of its own, bounded by its size; a
+    second call (a restart) converts nothing; a bound too short for it leaves no output."""
+    import time
+    from pathlib import Path
+
+    from roll_ds.config.schema import RLVRConfig, WorkerConfig
+    from roll_ds.pipeline.save_resume import conversion_bound_s, prepare_resized
+    from strategies.deepspeed.universal import convert_in_child
+
+    actor = WorkerConfig()
+    actor.strategy_args.strategy_name = "deepspeed_train"
+    cfg = RLVRConfig(actor_train=actor)
+    for key in keys:
+        directory = Path(work) / f"{key}_{way}"
+        target = directory / "engine_universal"
+        saved = sorted(p.name for p in directory.iterdir())
+        with pytest.raises(TimeoutError, match="did not end within 1 s"):
+            convert_in_child(str(directory / "engine"), str(target), timeout_s=1.0)
+        assert sorted(p.name for p in directory.iterdir()) == saved  # nothing partial
+        started = time.perf_counter()
+        prepare_resized(cfg, "actor_train", directory)
+        took = time.perf_counter() - started
+        bound = conversion_bound_s(directory / "engine", 20.0)
+        print(f"{key} {way}: converted in {took:.1f} s in the driver (bound {bound:.0f} s)")
+        assert target.is_dir() and not (directory / "engine_universal.tmp").exists()
+        made = target.stat().st_mtime_ns
+        prepare_resized(cfg, "actor_train", directory)  # a restart: kept, not converted again
+        assert target.stat().st_mtime_ns == made
+
+
 def _check(model_path: str, work: str, keys: list[str]) -> None:
     two = run_distributed(_phase, world_size=2, args=(model_path, work, keys, 2))[0]
+    _convert(work, keys, "2to1")
     one = run_distributed(_phase, world_size=1, args=(model_path, work, keys, 1))[0]
+    _convert(work, keys, "1to2")
     back = run_distributed(_phase, world_size=2, args=(model_path, work, keys, -2))[0]
     for key in keys:
         for resumed, ref, what in (

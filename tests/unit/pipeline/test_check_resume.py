@@ -1,6 +1,8 @@
 """check_resume: the driver reads a checkpoint before any actor starts. A complete one passes on
-its own size and on another (its strategy converts it then); a missing role directory or a
-shard its engine record lists but the directory lacks fails naming the field and the file. On
+its own size and on another (its strategy's ``resized_resume`` hook, recorded here, prepares it
+then: the real conversion on a real checkpoint is test_universal_checkpoint.py's); a missing
+role directory or a shard its engine record lists but the directory lacks fails naming the field
+and the file. On
 another size the role keeps its global batch: gradient_accumulation_steps rescaled where it
 divides, a clear error naming the field where it does not."""
 
@@ -11,9 +13,11 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
-from roll_ds.checkpoint import CheckpointManager, write_engine_record
+from roll_ds.checkpoint import CheckpointError, CheckpointManager, write_engine_record
 from roll_ds.config.schema import RLVRConfig, WorkerConfig
+from roll_ds.pipeline import save_resume
 from roll_ds.pipeline.save_resume import ENGINE_TAG, check_resume
 
 SHARDS = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
@@ -34,8 +38,8 @@ def _checkpoint(
     engine = partial / "actor_train" / ENGINE_TAG
     engine.mkdir(parents=True)
     files = ["mp_rank_00_model_states.pt", *SHARDS[:saved_ranks]]
-    for name in files:
-        (engine / name).write_bytes(b"x")
+    for name in files:  # whole torch files (a zip archive each), of a tensor
+        torch.save({"x": torch.zeros(4)}, engine / name)
     if record:
         sizes = {
             "world_size": saved_ranks,
@@ -49,6 +53,7 @@ def _checkpoint(
 
 def _cfg(path: Path | str, world: int, micro: int = 2, accum: int = 1) -> RLVRConfig:
     actor = WorkerConfig(device_mapping=list(range(world)))
+    actor.strategy_args.strategy_name = "deepspeed_train"
     actor.training_args.per_device_train_batch_size = micro
     actor.training_args.gradient_accumulation_steps = accum
     # 2 prompts x 4 samples = 8 rows a step: whole optimizer steps of 4 rows on 1, 2 or 4 ranks
@@ -60,12 +65,26 @@ def _cfg(path: Path | str, world: int, micro: int = 2, accum: int = 1) -> RLVRCo
     )
 
 
+@pytest.fixture(autouse=True)
+def prepared(monkeypatch) -> list[tuple]:
+    """The strategy's resized_resume hook (the boundary: these shards are not real DeepSpeed
+    files), recording what the driver asked it to prepare."""
+    calls: list[tuple] = []
+
+    def hook(target: str):
+        assert target == "strategies.deepspeed.universal:prepare_resized"
+        return lambda path, tag, *, timeout_s: calls.append((Path(path).name, tag, timeout_s))
+
+    monkeypatch.setattr(save_resume, "load_hook", hook)
+    return calls
+
+
 def _accum(cfg: RLVRConfig) -> int:
     return cfg.actor_train.training_args.gradient_accumulation_steps
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_complete_checkpoint_passes_on_any_size(tmp_path, world, caplog):
+def test_complete_checkpoint_passes_on_any_size(tmp_path, world, caplog, prepared):
     path = _checkpoint(tmp_path, accum=2)  # 2 x 2 x 2 = 8 rows a step: GA 4, 2, 1
     cfg = _cfg(path, world, accum=2)
     with caplog.at_level(logging.INFO, logger="roll_ds.pipeline.save_resume"):
@@ -73,6 +92,9 @@ def test_complete_checkpoint_passes_on_any_size(tmp_path, world, caplog):
     assert _accum(cfg) * world == 4
     converting = "universal checkpoint" in caplog.text
     assert converting == (world != 2), caplog.text
+    # prepared in the driver, bounded by 300 s plus its few bytes at 20 MiB/s
+    assert [c[:2] for c in prepared] == ([("actor_train", ENGINE_TAG)] if world != 2 else [])
+    assert all(300 < c[2] < 301 for c in prepared)
 
 
 def test_latest_resolves(tmp_path):
@@ -197,3 +219,73 @@ def test_checkpoint_without_record_is_left_to_its_strategy(tmp_path):
 def test_engine_record_round_trip(tmp_path):
     write_engine_record(tmp_path, {"files": ["a.pt"], "world_size": 2})
     assert json.loads((tmp_path / "engine.json").read_text())["world_size"] == 2
+
+
+# --- damage the file listing does not show: each a clear error naming the file, before any
+# actor starts (the trainers' load failed after every role had started) -------------------------
+
+
+def test_a_truncated_shard_is_named(tmp_path):
+    path = _checkpoint(tmp_path)
+    shard = path / "actor_train" / ENGINE_TAG / SHARDS[1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=f"{shard} is damaged: not a complete torch file"):
+        check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def test_a_truncated_shard_of_a_checkpoint_without_a_record_is_named(tmp_path):
+    path = _checkpoint(tmp_path, record=False)
+    shard = path / "actor_train" / ENGINE_TAG / SHARDS[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=f"{shard} is damaged"):
+        check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def test_a_missing_pipeline_state_is_named(tmp_path):
+    path = _checkpoint(tmp_path)
+    (path / "pipeline_state.json").unlink()
+    with pytest.raises(CheckpointError, match=f"{path / 'pipeline_state.json'} is missing"):
+        check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+@pytest.mark.parametrize(
+    "name", ["pipeline_state.json", "actor_train/engine/engine.json", "rollouts_in_flight.json"]
+)
+def test_a_corrupt_json_file_is_named(tmp_path, name):
+    path = _checkpoint(tmp_path)
+    (path / name).write_text('{"step": 3, "sampler": {')  # cut short
+    with pytest.raises(CheckpointError, match=f"{path / name} is not valid JSON"):
+        check_resume(_cfg(path, 2), CheckpointManager(tmp_path), ["actor_train"])
+
+
+def _with_lora(path: Path, lora: dict | None) -> None:
+    """The checkpoint's export_info.json, as save_run_checkpoint writes it."""
+    from roll_ds.export import ExportInfo
+
+    ExportInfo(base_model="m", base_model_path="/m", lora=lora).save(path)
+
+
+LORA = {"rank": 4, "alpha": 8, "dropout": 0.0, "target": "all-linear"}
+
+
+@pytest.mark.parametrize(
+    ("saved", "rank", "target", "field"),
+    [
+        (LORA, 8, "all-linear", "actor_train.model_args.lora_rank"),
+        (LORA, 4, "q_proj,v_proj", "actor_train.model_args.lora_target"),
+        (LORA, None, "all-linear", "actor_train.model_args.lora_rank"),
+        (None, 4, "all-linear", "actor_train.model_args.lora_rank"),
+    ],
+)
+def test_a_lora_shape_other_than_the_config_s_is_named(tmp_path, saved, rank, target, field):
+    path = _checkpoint(tmp_path)
+    _with_lora(path, saved)
+    cfg = _cfg(path, 2)
+    cfg.actor_train.model_args.lora_rank = rank
+    cfg.actor_train.model_args.lora_target = target
+    with pytest.raises(ValueError, match=f"{path / 'export_info.json'} records") as info:
+        check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])
+    assert field in str(info.value)
+    cfg.actor_train.model_args.lora_rank = saved and saved["rank"]
+    cfg.actor_train.model_args.lora_target = "all-linear"
+    check_resume(cfg, CheckpointManager(tmp_path), ["actor_train"])  # the saved shape passes

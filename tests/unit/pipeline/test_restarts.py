@@ -249,3 +249,83 @@ def test_the_loop_does_not_restart_a_driver_bug(monkeypatch, tmp_path):
     with pytest.raises(KeyError):
         launch.run_pipeline(config(tmp_path))
     assert log == [("start", None), ("shutdown",)]
+
+
+# --- a checkpoint that fails to load is never restarted: a restart loads the same files --------
+
+
+class _Load:
+    """A trainer's pending load that fails as ``error`` (the cluster's boundary)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def load_checkpoint(self, path: str, tag: str) -> _Load:
+        return self
+
+    def get(self) -> None:
+        raise self.error
+
+
+def _resume_with(tmp_path: Path, error: BaseException) -> None:
+    from roll_ds.pipeline.save_resume import resume_run
+
+    manager = CheckpointManager(tmp_path / "checkpoints")
+    manager.commit(manager.begin(2), {"step": 2})
+    resume_run(
+        "latest",
+        checkpoints=manager,
+        trainers={"actor_train": _Load(error)},
+        roles=["actor_train"],
+        sampler=None,
+        queue=None,
+        out_dir=tmp_path,
+    )
+
+
+def test_a_load_that_raises_is_a_checkpoint_error_and_stops_the_run(tmp_path, caplog):
+    from roll_ds.checkpoint import CheckpointError
+
+    shape = RuntimeError("size mismatch for lora_A.weight: [4, 64] vs [8, 64]")
+    with pytest.raises(CheckpointError, match=r"loading .*step_000002/actor_train into") as info:
+        _resume_with(tmp_path, WorkerError("actor_train", 0, "load_checkpoint", shape))
+    assert "size mismatch for lora_A.weight" in str(info.value)
+    restarts = TrainerRestarts(config(tmp_path, restarts=2))
+    with pytest.raises(CheckpointError):  # the error itself: no restart, no RestartError
+        restarts.on_failure(info.value, started=True)
+    assert restarts.count == 0
+    assert "not restarted" in caplog.text
+
+
+def test_a_rank_that_died_while_loading_is_still_restarted(tmp_path):
+    from ray.exceptions import RayActorError
+
+    dead = WorkerError("actor_train", 1, "load_checkpoint", RayActorError())
+    with pytest.raises(WorkerError) as info:
+        _resume_with(tmp_path, dead)
+    restarts = TrainerRestarts(config(tmp_path, restarts=2))
+    restarts.on_failure(info.value, started=True)  # returns: restarted
+    assert restarts.count == 1
+
+
+def test_the_loop_stops_at_a_checkpoint_that_fails_to_load(monkeypatch, tmp_path):
+    """run_pipeline with restarts left: the attempt whose load raised is torn down, and no
+    other attempt is built (one would load the same files)."""
+    from roll_ds.checkpoint import CheckpointError
+
+    try:
+        raise CheckpointError("loading step_000002/actor_train failed") from died("actor_train")
+    except CheckpointError as exc:
+        damaged = exc
+    log: list = []
+    attempts: list = []
+
+    def build(attempt_cfg, restarts):
+        attempts.append(attempt_cfg)
+        return FakePipeline(attempt_cfg, damaged, log)
+
+    monkeypatch.setattr(launch, "_build", build)
+    monkeypatch.setattr(launch.logging, "basicConfig", lambda **_: None)
+    with pytest.raises(CheckpointError):
+        launch.run_pipeline(config(tmp_path, restarts=2))
+    assert len(attempts) == 1 and log == [("start", None), ("shutdown",)]

@@ -78,3 +78,27 @@ def test_repair_refuses_another_number_of_groups(tmp_path):
     optimizer.param_groups.pop()
     with pytest.raises(ValueError, match="2 optimizer parameter groups and this engine 1"):
         repair_stage3_load(engine, str(tmp_path), "engine_universal")
+
+
+def test_a_failed_conversion_names_the_checkpoint_and_leaves_nothing(tmp_path):
+    """The driver's conversion runs DeepSpeed's converter in a process of its own: on files that
+    are no checkpoint it fails with a CheckpointError naming the source, and no output stays."""
+    from roll_ds.checkpoint import CheckpointError
+    from strategies.deepspeed.universal import convert_in_child
+
+    source = tmp_path / "engine"
+    source.mkdir()
+    (source / "mp_rank_00_model_states.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=f"converting {source} to a universal checkpoint"):
+        convert_in_child(str(source), str(tmp_path / "engine_universal"), timeout_s=120)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
+
+
+def test_a_trainer_never_converts(tmp_path):
+    """A rank's load reads the driver's conversion; missing, it says how to make it."""
+    from strategies.deepspeed.universal import converted_tag
+
+    with pytest.raises(FileNotFoundError, match=r"python -m strategies\.deepspeed\.universal"):
+        converted_tag(str(tmp_path), "engine")
+    (tmp_path / "engine_universal").mkdir()
+    assert converted_tag(str(tmp_path), "engine") == "engine_universal"

@@ -249,3 +249,47 @@ def test_each_rank_checks_its_share_before_its_engine(tmp_path, monkeypatch):
     _fake_free(monkeypatch, share - 1)
     with pytest.raises(ValueError, match=r"strategy_config\.zero_optimization\.offload_optimizer"):
         nvme.check_rank_nvme(built, **check)
+
+
+def test_ranks_of_one_node_need_room_for_all_their_shares(tmp_path, monkeypatch):
+    """Both ranks of a 2-rank role swap onto the same disk (as the role's process group
+    reports): the disk needs room for both shares, not one (the check counted one rank's)."""
+    import yaml
+
+    from roll_ds.config.compose import PROJECT_ROOT
+    from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config
+
+    text = (PROJECT_ROOT / "examples" / "config" / "deepspeed_zero3_nvme.yaml").read_text()
+    built = build_deepspeed_config(
+        yaml.safe_load(text)["deepspeed_zero3_nvme"],
+        DeepSpeedInputs(
+            micro_batch_size=1,
+            gradient_accumulation_steps=1,
+            dp_size=2,
+            max_grad_norm=1.0,
+            dtype="bf16",
+            nvme_dir=str(tmp_path / "actor_train"),
+            largest_numel=100,
+        ),
+    )
+    # the process group is the boundary: every rank reports the disk of its copy of each path
+    monkeypatch.setattr(nvme, "_gather_disk_ids", lambda mine: [mine, mine], raising=False)
+    size = nvme.ModelSize(numel=2**28, largest_numel=100)
+    node = 2**28 * (2 + 16)  # bf16 parameters, full fine-tuning, both ranks' halves: 4.5 GiB
+    check = dict(size=size, trained_numel=None, dtype="bf16", dp_size=2)
+    _fake_free(monkeypatch, node // 2)  # one rank's half: was enough before
+    with pytest.raises(ValueError) as info:
+        nvme.check_rank_nvme(built, **check)
+    message = str(info.value)
+    assert "strategy_config.zero_optimization.offload_optimizer.nvme_path" in message
+    assert "has 2.25 GiB free" in message and "swaps about 4.50 GiB there on this node" in message
+    _fake_free(monkeypatch, node)
+    nvme.check_rank_nvme(built, **check)
+
+
+def test_disk_peers_counts_the_ranks_on_this_rank_s_disk(tmp_path, monkeypatch):
+    """Another host's rank, or one whose copy of the path is on another device, is not a peer."""
+    here = nvme.disk_id(str(tmp_path))
+    others = [[here], [("another-host", here[1])], [(here[0], here[1] + 1)], [here]]
+    monkeypatch.setattr(nvme, "_gather_disk_ids", lambda mine: others)
+    assert nvme.disk_peers([str(tmp_path / "not" / "yet")]) == [2]
