@@ -53,7 +53,12 @@ from roll_ds.pipeline.reporting import (
 from roll_ds.pipeline.restarts import TrainerRestarts
 from roll_ds.pipeline.rollout_phase import RolloutPhase
 from roll_ds.pipeline.rollout_queue import RolloutQueue
-from roll_ds.pipeline.save_resume import check_resume, resume_run, save_run_checkpoint
+from roll_ds.pipeline.save_resume import (
+    check_resume,
+    checkpoint_run_id,
+    resume_run,
+    save_run_checkpoint,
+)
 from roll_ds.pipeline.seeds import step_seed
 from roll_ds.pipeline.sequences import pad_token_id
 from roll_ds.pipeline.startup import (
@@ -104,6 +109,7 @@ class RLVRPipeline:
         self.best: BestCheckpoint | None = None  # save_best: the first save sets it up
         self.exported: Path | None = None  # the latest Hugging Face export
         self.resumed = False  # run() loaded a checkpoint (resume_from_checkpoint)
+        self.run_id: str | None = None  # the tracker's run id, kept in every checkpoint
         self.clusters: dict[str, Any] = {}
         self.roles: dict[str, ModelRole] = {}  # typed handles of the model roles' clusters
         # The trainer's weight version: the number of train steps taken (the engines' is
@@ -228,7 +234,8 @@ class RLVRPipeline:
         self.faults.resumed()  # after a restart: back where the failed attempt had got to
         if start_step == 0:  # a fresh run: an earlier run's rollout dumps are not ours
             (self.out_dir / ROLLOUTS_FILE).unlink(missing_ok=True)
-        tracker = open_tracker(cfg, self.out_dir, start_step)
+        tracker = open_tracker(cfg, self.out_dir, start_step, self.run_id)
+        self.run_id = tracker.run_id
         bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
         try:
             if start_step == 0 and cfg.eval_steps:
@@ -377,6 +384,7 @@ class RLVRPipeline:
             sampler=self.tasks.sampler,
             queue=self.queue,
             model_dir=self.model_dir,
+            run_id=self.run_id,
         )
         self.faults.progress()  # a failure from here on loses only what follows
         if cfg.save_best:
@@ -415,5 +423,6 @@ class RLVRPipeline:
             out_dir=self.out_dir,
         )
         self.resumed = True
+        self.run_id = checkpoint_run_id(self.checkpoints, which)
         self.policy_version = step
         return step
