@@ -71,7 +71,7 @@ from roll_ds.pipeline.startup import (
     strategy_context,
 )
 from roll_ds.pipeline.tasks import Tasks
-from roll_ds.tracking import ROLLOUTS_FILE
+from roll_ds.tracking import ROLLOUTS_FILE, Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -234,8 +234,7 @@ class RLVRPipeline:
         self.faults.resumed()  # after a restart: back where the failed attempt had got to
         if start_step == 0:  # a fresh run: an earlier run's rollout dumps are not ours
             (self.out_dir / ROLLOUTS_FILE).unlink(missing_ok=True)
-        tracker = open_tracker(cfg, self.out_dir, start_step, self.run_id)
-        self.run_id = tracker.run_id
+        tracker = self._open_tracker(start_step)
         bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
         try:
             if start_step == 0 and cfg.eval_steps:
@@ -395,6 +394,14 @@ class RLVRPipeline:
         if cfg.export.every_save:
             self.exported = export_run_step(self.actor_train, self.out_dir, step)
         return final
+
+    def _open_tracker(self, start_step: int) -> Tracker:
+        """The run's tracker, under the run id its checkpoint kept, else that of an earlier
+        attempt of this run (an automatic restart), else a new one."""
+        run_id = self.run_id or self.faults.run_id
+        tracker = open_tracker(self.cfg, self.out_dir, start_step, run_id)
+        self.run_id = self.faults.run_id = tracker.run_id
+        return tracker
 
     def _fresh_latest(self) -> bool:
         """``resume_from_checkpoint=latest`` with no checkpoint written yet."""

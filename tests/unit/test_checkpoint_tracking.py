@@ -561,3 +561,30 @@ def test_a_resumed_run_goes_on_as_the_same_wandb_run(tmp_path, monkeypatch):
     assert checkpoint_run_id(mgr, "latest") == run_id
     fresh = Tracker(tmp_path / "other", tensorboard=False, wandb_project="p")
     assert fresh.run_id != run_id  # a new run is a new W&B run
+
+
+def test_a_restart_from_step_0_goes_on_as_the_same_wandb_run(tmp_path, monkeypatch):
+    """An automatic restart of a run that saved nothing yet starts again at step 0, with no
+    checkpoint to keep the id: the restart policy (shared by the attempts) carries it."""
+    import sys
+
+    from roll_ds.pipeline import rlvr
+    from roll_ds.pipeline.restarts import TrainerRestarts
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = SimpleNamespace(
+        tracking=SimpleNamespace(tensorboard=False, jsonl=True, wandb_project="p"),
+        exp_name="run",
+        fault_tolerance=SimpleNamespace(max_trainer_restarts=1),
+    )
+    monkeypatch.setattr("roll_ds.pipeline.reporting.asdict", lambda c: {})
+    restarts = TrainerRestarts(cfg)
+    ids = []
+    for _attempt in range(2):  # each attempt is a new pipeline, as launch.run_pipeline makes
+        pipe = object.__new__(rlvr.RLVRPipeline)
+        pipe.cfg, pipe.out_dir, pipe.faults, pipe.run_id = cfg, tmp_path, restarts, None
+        tracker = pipe._open_tracker(0)
+        tracker.close()
+        ids.append(tracker.run_id)
+    assert ids[0] == ids[1] and [i["id"] for i in fake.inits] == ids
