@@ -191,6 +191,7 @@ class Child:
     def __init__(self) -> None:
         self.pid = 0
         self.block_w: int | None = None  # bwrap waits on it before the exec (namespaces)
+        self.status_r: int | None = None  # bwrap's JSON status documents (namespaces)
 
     def release(self) -> None:
         """Let bwrap exec the program."""
@@ -248,10 +249,11 @@ def start_bwrap(
     _fork(child, lambda: _exec(status_fd, stdin_fd, argv, {"PATH": "/usr/bin:/bin"}))
     for fd in fds.values():
         os.close(fd)
+    child.status_r = status_r
     try:
         pid = _read_child_pid(status_r)
         if pid is None:
-            raise RuntimeError("bwrap ended before it started the program (its message above)")
+            raise RuntimeError("bwrap ended before it started the program (its message: stderr)")
         set_limits(cfg["limits"], pid)
         try:  # lets a caller check that nothing of the namespace outlives the run
             pid_ns = os.readlink(f"/proc/{pid}/ns/pid")
@@ -260,10 +262,20 @@ def start_bwrap(
     except BaseException:
         os.close(block_w)
         raise
-    finally:
-        os.close(status_r)
     child.block_w = block_w
     return pid, pid_ns
+
+
+def program_ran(status_r: int) -> bool:
+    """Whether bwrap exec'd the program: it writes ``{"exit-code": N}`` then, and only then
+    (a failure in its setup after the child started, e.g. a mount, does not)."""
+    os.set_blocking(status_r, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(status_r, 4096):
+            data += chunk
+    os.close(status_r)
+    return b'"exit-code"' in data
 
 
 def exit_event(status: int, usage, bwrap: bool) -> dict:
@@ -327,6 +339,11 @@ def main() -> int:
         # The program is reaped: a stop that comes now (the run's wall-clock deadline racing its
         # CPU limit) has nothing left to kill and must not turn the exit into an error.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ran = child.status_r is None or program_ran(child.status_r)
+        if not ran and os.WIFEXITED(status):  # not killed by the sandbox's stop: bwrap failed
+            stage = "exec"
+            code = os.WEXITSTATUS(status)
+            raise RuntimeError(f"bwrap could not start the program (exit {code}; stderr)")
         _report(status_fd, exit_event(status, usage, bool(cfg["namespaces"])))
         return 0
     except BaseException as e:

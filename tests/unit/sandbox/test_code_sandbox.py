@@ -416,3 +416,14 @@ def test_without_bubblewrap_the_refusal_names_the_package_and_the_opt_out(tmp_pa
         box.probe()
     message = str(refused.value)
     assert "apt-get install bubblewrap" in message and "network_isolation: best_effort" in message
+
+
+def test_bwraps_own_failure_is_a_sandbox_error_not_the_programs(reward):
+    """bwrap fails after it started the program's process (here: a filter it cannot load):
+    the run is the sandbox's error, with bwrap's message, never a program's runtime_error."""
+    box = Sandbox(SandboxLimits(timeout_s=5), tmp_dir=reward.sandbox.tmp_dir)
+    box.probe()
+    box._seccomp = b"\0" * 3  # not a BPF program
+    res = box.run("print('never runs')")
+    assert (res.category, res.stdout) == ("sandbox_error", ""), res
+    assert "bwrap could not start the program" in res.detail and "seccomp" in res.stderr
