@@ -260,6 +260,7 @@ def start_bwrap(
         except OSError:
             pid_ns = None
     except BaseException:
+        child.kill()  # first: bwrap goes on to the exec once block_w closes
         os.close(block_w)
         raise
     child.block_w = block_w
