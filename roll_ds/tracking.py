@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,12 @@ class Tracker:
         run_name: str = "rlvr",
         config: Mapping[str, Any] | None = None,
         resume_step: int = 0,
+        run_id: str | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
+        # the run's own id (kept in its checkpoints): a resumed run, by hand or after an
+        # automatic restart, passes it back and goes on as the same W&B run
+        self.run_id = run_id or new_run_id()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = None
         if jsonl:
@@ -49,7 +54,11 @@ class Tracker:
             import wandb
 
             self._wandb = wandb.init(
-                project=wandb_project, name=run_name, config=dict(config or {}), resume="allow"
+                project=wandb_project,
+                name=run_name,
+                config=dict(config or {}),
+                id=self.run_id,
+                resume="allow",
             )
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
@@ -71,6 +80,11 @@ class Tracker:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def new_run_id() -> str:
+    """A fresh run id (W&B's form: 8 lowercase letters and digits)."""
+    return uuid.uuid4().hex[:8]
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:

@@ -31,6 +31,22 @@ else
     "(apt-get install $aio_pkg; libaio-devel on RHEL); everything else works without it"
 fi
 
+# bubblewrap (bwrap): the code sandbox's namespaces, minimal root and seccomp filter. The same way:
+# as root with apt, else a message; without it a code reward refuses to start (naming the package
+# and its network_isolation: best_effort opt-out).
+bwrap_pkg=bubblewrap
+if command -v bwrap >/dev/null; then
+  :
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "roll_ds: installing $bwrap_pkg (the code sandbox's isolation)"
+  apt-get install -y -q "$bwrap_pkg" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q "$bwrap_pkg" >/dev/null; } \
+    || echo "roll_ds: could not install $bwrap_pkg; the code sandbox will refuse to start" >&2
+else
+  echo "roll_ds: $bwrap_pkg not installed (not root, or no apt): the code sandbox needs it" \
+    "(apt-get install $bwrap_pkg; dnf install $bwrap_pkg); everything else works without it"
+fi
+
 stamp="$venv/.roll_ds_setup"
 want="$flavour $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import jsonschema
 
 from roll_ds.agentic.env import Env, Observation, StepResult
 from roll_ds.agentic.parsers import ParsedTurn, ToolCall
@@ -26,10 +28,26 @@ from roll_ds.agentic.parsers import ParsedTurn, ToolCall
 
 @dataclass(frozen=True)
 class Tool:
+    """A tool; its schema is checked once, here (a bad one: ``ValueError`` naming the tool),
+    and its validator built once and kept for every call."""
+
     name: str
     description: str
     parameters: dict[str, Any]  # JSON schema of the arguments object
     fn: Callable[[dict[str, Any]], str]
+    _validator: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        cls = jsonschema.validators.validator_for(self.parameters)
+        try:
+            cls.check_schema(self.parameters)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path) or "(top level)"
+            raise ValueError(
+                f"tool '{self.name}': its parameters are not a valid JSON schema "
+                f"({cls.__name__}): at {where}: {exc.message}"
+            ) from None
+        object.__setattr__(self, "_validator", cls(self.parameters))
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function form chat templates take (``tools=[...]``)."""
@@ -43,14 +61,10 @@ class Tool:
         }
 
     def argument_error(self, arguments: dict[str, Any]) -> str | None:
-        """Why ``arguments`` do not fit the schema, or None."""
-        import jsonschema
-
-        try:
-            jsonschema.validate(arguments, self.parameters)
-        except jsonschema.ValidationError as exc:
-            return f"tool '{self.name}': bad arguments: {exc.message}"
-        return None
+        """Why ``arguments`` do not fit the schema (the error ``jsonschema.validate`` would
+        raise), or None."""
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
+        return None if error is None else f"tool '{self.name}': bad arguments: {error.message}"
 
     def __call__(self, call: ToolCall) -> tuple[str, str | None]:
         """``(output, error)``: the tool's output, or an error message the model sees."""

@@ -61,7 +61,10 @@ def add_step_totals(
     return metrics
 
 
-def open_tracker(cfg: RLVRConfig, out_dir: Path, start_step: int) -> Tracker:
+def open_tracker(
+    cfg: RLVRConfig, out_dir: Path, start_step: int, run_id: str | None = None
+) -> Tracker:
+    """The run's tracker; ``run_id``: the id a resumed run's checkpoint kept (None: a new one)."""
     return Tracker(
         out_dir,
         tensorboard=cfg.tracking.tensorboard,
@@ -70,6 +73,7 @@ def open_tracker(cfg: RLVRConfig, out_dir: Path, start_step: int) -> Tracker:
         run_name=cfg.exp_name,
         config=asdict(cfg),
         resume_step=start_step,
+        run_id=run_id,
     )
 
 

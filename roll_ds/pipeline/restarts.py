@@ -96,6 +96,9 @@ class TrainerRestarts:
         self._progress_at = clock()  # the time from which a failure now loses the work done
         self._failed_from: float | None = None  # a restart's loss started here; not resumed yet
         self.last_failure: str | None = None
+        # the tracker's run id, across attempts: a restart goes on as the same W&B run also
+        # when it starts again from step 0 (no checkpoint yet to keep the id)
+        self.run_id: str | None = None
 
     def next_config(self, checkpoints: Path) -> RLVRConfig:
         """The config of the next attempt: the run's own at first; after a restart, resuming

@@ -53,7 +53,12 @@ from roll_ds.pipeline.reporting import (
 from roll_ds.pipeline.restarts import TrainerRestarts
 from roll_ds.pipeline.rollout_phase import RolloutPhase
 from roll_ds.pipeline.rollout_queue import RolloutQueue
-from roll_ds.pipeline.save_resume import check_resume, resume_run, save_run_checkpoint
+from roll_ds.pipeline.save_resume import (
+    check_resume,
+    checkpoint_run_id,
+    resume_run,
+    save_run_checkpoint,
+)
 from roll_ds.pipeline.seeds import step_seed
 from roll_ds.pipeline.sequences import pad_token_id
 from roll_ds.pipeline.startup import (
@@ -66,7 +71,7 @@ from roll_ds.pipeline.startup import (
     strategy_context,
 )
 from roll_ds.pipeline.tasks import Tasks
-from roll_ds.tracking import ROLLOUTS_FILE
+from roll_ds.tracking import ROLLOUTS_FILE, Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +109,7 @@ class RLVRPipeline:
         self.best: BestCheckpoint | None = None  # save_best: the first save sets it up
         self.exported: Path | None = None  # the latest Hugging Face export
         self.resumed = False  # run() loaded a checkpoint (resume_from_checkpoint)
+        self.run_id: str | None = None  # the tracker's run id, kept in every checkpoint
         self.clusters: dict[str, Any] = {}
         self.roles: dict[str, ModelRole] = {}  # typed handles of the model roles' clusters
         # The trainer's weight version: the number of train steps taken (the engines' is
@@ -228,7 +234,7 @@ class RLVRPipeline:
         self.faults.resumed()  # after a restart: back where the failed attempt had got to
         if start_step == 0:  # a fresh run: an earlier run's rollout dumps are not ours
             (self.out_dir / ROLLOUTS_FILE).unlink(missing_ok=True)
-        tracker = open_tracker(cfg, self.out_dir, start_step)
+        tracker = self._open_tracker(start_step)
         bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
         try:
             if start_step == 0 and cfg.eval_steps:
@@ -377,6 +383,7 @@ class RLVRPipeline:
             sampler=self.tasks.sampler,
             queue=self.queue,
             model_dir=self.model_dir,
+            run_id=self.run_id,
         )
         self.faults.progress()  # a failure from here on loses only what follows
         if cfg.save_best:
@@ -387,6 +394,14 @@ class RLVRPipeline:
         if cfg.export.every_save:
             self.exported = export_run_step(self.actor_train, self.out_dir, step)
         return final
+
+    def _open_tracker(self, start_step: int) -> Tracker:
+        """The run's tracker, under the run id its checkpoint kept, else that of an earlier
+        attempt of this run (an automatic restart), else a new one."""
+        run_id = self.run_id or self.faults.run_id
+        tracker = open_tracker(self.cfg, self.out_dir, start_step, run_id)
+        self.run_id = self.faults.run_id = tracker.run_id
+        return tracker
 
     def _fresh_latest(self) -> bool:
         """``resume_from_checkpoint=latest`` with no checkpoint written yet."""
@@ -415,5 +430,6 @@ class RLVRPipeline:
             out_dir=self.out_dir,
         )
         self.resumed = True
+        self.run_id = checkpoint_run_id(self.checkpoints, which)
         self.policy_version = step
         return step

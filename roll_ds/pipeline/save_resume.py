@@ -63,8 +63,10 @@ def save_run_checkpoint(
     sampler: PromptSampler | None,
     queue: RolloutQueue | None,
     model_dir: str,
+    run_id: str | None = None,
 ) -> Path:
-    """Save checkpoint ``step`` of the trained ``roles``; returns its committed directory."""
+    """Save checkpoint ``step`` of the trained ``roles``; returns its committed directory.
+    ``run_id``: the tracker's run id, which a resume passes back (one W&B run)."""
     partial = checkpoints.begin(step)
     saves = [trainers[n].save_checkpoint(str(partial / n), ENGINE_TAG) for n in roles]
     for call in saves:
@@ -78,6 +80,7 @@ def save_run_checkpoint(
         "sampler": sampler.state_dict() if sampler is not None else {},
         "rng": capture_rng_state(),
         "exp_name": cfg.exp_name,
+        "run_id": run_id,
     }
     return checkpoints.commit(partial, state)
 
@@ -122,6 +125,11 @@ def resume_run(
     truncate_jsonl_after(out_dir / ROLLOUTS_FILE, step)
     logger.info("resumed from %s at step %d", path, step)
     return step
+
+
+def checkpoint_run_id(checkpoints: CheckpointManager, which: str) -> str | None:
+    """The tracker run id checkpoint ``which`` kept (None: saved before ids were kept)."""
+    return checkpoints.load_state(checkpoints.resolve(which)).get("run_id")
 
 
 def check_resume(cfg: RLVRConfig, checkpoints: CheckpointManager, roles: Sequence[str]) -> Path:

@@ -16,25 +16,35 @@ sets it up; see its doc for the order of the steps):
   the host offers cgroup v2 with memory, pids and cpu (:mod:`roll_ds.sandbox.cgroup`),
   a cgroup per run bounds its processes together (``memory_mb``, ``max_processes``, one core);
   elsewhere :meth:`Sandbox.probe` logs once that limits are per process only.
-* **Files**: a minimal root of its own (``pivot_root`` into a tmpfs): the interpreter's
+* **Files**: a minimal root of its own, made by bubblewrap (``bwrap``): the interpreter's
   executable, standard library and ``libpython`` (site-packages covered), the system's shared
-  library directories (``/lib*``, ``/usr/lib*``), ``/dev/{null,zero,random,urandom}``, a fresh
+  library directories (``/lib*``, ``/usr/lib*``), bwrap's minimal ``/dev`` (``null``, ``zero``,
+  ``full``, ``random``, ``urandom``, ``tty``, a private ``pts``), a fresh
   read-only ``/proc`` showing only the sandbox's processes, and the work dir, a fresh tmpfs of
   ``workdir_mb`` (it vanishes with the namespace; the host-side temporary directory is removed
   after every run, also after a kill). All read-only but the work dir. Not there: the
   repository, data, outputs, models, ``/etc``, home, ``/tmp`` (Ray's sockets), ``/sys``.
 * **IPC**: its own IPC namespace: System V shared memory, semaphores and message queues die
   with the run.
-* **Environment**: only ``PATH``, ``LANG``, ``LC_ALL``, ``HOME`` and ``TMPDIR`` (the work dir);
+* **Syscalls**: a seccomp filter (:mod:`roll_ds.sandbox.seccomp`, built once per sandbox with
+  libseccomp, loaded by bwrap before the exec) refuses with ``EPERM`` what a scoring program
+  never needs: ``ptrace``, mounts, ``unshare`` / ``setns`` / ``clone`` with namespace flags,
+  the keyring, ``bpf``, ``perf_event_open``, raw and packet sockets, io_uring, module and
+  kernel loading. The program is a ``runtime_error`` and the reward serves on.
+* **Environment**: only ``PATH``, ``LANG``, ``LC_ALL``, ``HOME``, ``TMPDIR`` (the work dir) and
+  bwrap's ``PWD`` (the work dir too);
   ``python -I -S -B`` ignores ``PYTHON*`` variables, the user site and site-packages (the
   program gets the standard library only).
 * **Network**: a fresh network namespace with only a loopback device that is down, so nothing
   (not even the host's 127.0.0.1) is reachable.
 
-The namespaces need unprivileged user namespaces (Linux; ``user.max_user_namespaces`` > 0, not
-disabled by ``kernel.unprivileged_userns_clone=0``, an AppArmor restriction or a seccomp
-profile, such as Docker's default, that refuses ``unshare``) and ``mount_setattr`` (Linux >=
-5.12); no privilege of the host: root without CAP_SYS_ADMIN drops to ``sandbox_uid`` first.
+The namespaces need bubblewrap (the package ``bubblewrap``; ``scripts/setup.sh`` and the
+cluster image install it), libseccomp (``pyseccomp`` over ``libseccomp2``) and unprivileged
+user namespaces (Linux; ``user.max_user_namespaces`` > 0, not disabled by
+``kernel.unprivileged_userns_clone=0``, an AppArmor restriction or a seccomp profile, such as
+Docker's default, that refuses ``unshare``); no privilege of the host: root without
+CAP_SYS_ADMIN drops to ``sandbox_uid`` first (which must reach the interpreter: one under
+``/root`` is replaced by the system's ``python3``, see ``Sandbox._choose_python``).
 :meth:`Sandbox.probe` checks once; ``network_isolation`` says what happens where the kernel
 refuses: ``required`` (default) raises :class:`SandboxUnavailable` naming the container
 options (cluster/README.md); ``best_effort`` warns and runs with the unprivileged user, the
@@ -61,6 +71,7 @@ import threading
 import time
 
 from roll_ds.sandbox import cgroup as cgroups
+from roll_ds.sandbox import seccomp
 from roll_ds.sandbox.limits import NETWORK_ISOLATION, SandboxLimits
 from roll_ds.sandbox.result import SandboxResult, classify
 
@@ -70,6 +81,10 @@ LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py
 SETUP_TIMEOUT_S = 30.0  # launcher start + namespaces, before the program's own clock starts
 KILL_GRACE_S = 2.0  # after SIGTERM to the launcher, SIGKILL to the whole process group
 _CHUNK = 1 << 16
+#: what runs a program's isolation, and where to get it
+BWRAP_PACKAGE = "bubblewrap"
+#: interpreters tried when the sandbox user cannot run this one (e.g. a Python under /root)
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 
 
 #: what a refusal says to do in a container (cluster/README.md, "The code sandbox")
@@ -112,6 +127,11 @@ class Sandbox:
         # the base interpreter, not a venv's: programs get the standard library only
         base = python or getattr(sys, "_base_executable", "") or sys.executable
         self.python = os.path.realpath(base)
+        self._python_given = python is not None
+        self.bwrap = shutil.which("bwrap") or shutil.which("bwrap", path="/usr/bin:/bin")
+        self._seccomp: bytes | None = None  # the filter's BPF program, after probe()
+        self._proc = True  # a fresh /proc in the sandbox (not under a masked /proc)
+        self._bwrap_sized = True  # bwrap >= 0.7 sizes the work dir's tmpfs (--size)
         self._namespaces: bool | None = None  # decided by probe()
         self._refusal: SandboxUnavailable | None = None
         self._probe_lock = threading.Lock()
@@ -143,9 +163,9 @@ class Sandbox:
                 return self.isolation
             msg = (
                 f"code sandbox: this host refuses the sandbox's namespaces ({detail}). They "
-                "need unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
-                "kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns"
-                "=0) and Linux >= 5.12; " + REFUSAL_HINT
+                "need bubblewrap and unprivileged user namespaces (sysctl user.max_user_namespaces "
+                "> 0, kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_"
+                "userns=0); " + REFUSAL_HINT
             )
             if self.network_isolation == "required":
                 self._refusal = SandboxUnavailable(
@@ -169,9 +189,58 @@ class Sandbox:
             return self.isolation
 
     def _namespaces_work(self) -> tuple[bool, str]:
+        if self.bwrap is None:
+            return False, (
+                f"bubblewrap (bwrap) is not installed: install the package {BWRAP_PACKAGE} "
+                f"(apt-get install {BWRAP_PACKAGE}; dnf install {BWRAP_PACKAGE}), as "
+                "scripts/setup.sh and cluster/Dockerfile do"
+            )
+        try:
+            self._seccomp = seccomp.build_filter()
+        except seccomp.SeccompUnavailable as e:
+            return False, str(e)
+        self._choose_python()
+        self._bwrap_sized = _bwrap_version(self.bwrap) >= (0, 7)
+        if not self._bwrap_sized:
+            logger.warning(
+                "code sandbox: %s is older than 0.7 (no --size): the work dir's tmpfs is not "
+                "held to workdir_mb (RLIMIT_FSIZE still bounds each file)",
+                self.bwrap,
+            )
         res = self._run_source("print('ok')", "", namespaces=True)
+        if self._proc and "Can't mount proc" in res.stderr:  # a container's masked /proc
+            self._proc = False
+            logger.warning("code sandbox: this host refuses a fresh /proc; programs get none")
+            res = self._run_source("print('ok')", "", namespaces=True)
         ok = res.category == "ok" and res.stdout.strip() == "ok"
-        return ok, res.detail or res.stderr.strip()[-300:]
+        detail = "; ".join(x for x in (res.detail, res.stderr.strip()[-300:]) if x)
+        return ok, detail
+
+    def _choose_python(self) -> None:
+        """As root, programs run as ``sandbox_uid``, which must reach the interpreter's files
+        (bwrap resolves them as that user): one under a directory it cannot enter, such as
+        ``/root``, is replaced by the system's (unless given explicitly)."""
+        if os.geteuid() != 0 or self._python_given or self._runs_as_sandbox_user(self.python):
+            return
+        for python in SYSTEM_PYTHONS:
+            if self._runs_as_sandbox_user(python):
+                logger.warning(
+                    "code sandbox: the sandbox user (uid %d) cannot run %s; programs run "
+                    "under %s (the standard library only, as always)",
+                    self.uid,
+                    self.python,
+                    python,
+                )
+                self.python = os.path.realpath(python)
+                return
+
+    def _runs_as_sandbox_user(self, python: str) -> bool:
+        who = dict(user=self.uid, group=self.gid, extra_groups=[], cwd="/")
+        try:
+            cmd = [python, "-I", "-S", "-c", "import json"]
+            return subprocess.run(cmd, capture_output=True, timeout=30, **who).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
 
     def _probe_cgroup(self) -> None:
         """Decide once whether runs get a cgroup; say once when they do not."""
@@ -238,6 +307,10 @@ class Sandbox:
             "parent_pid": os.getpid(),
             "namespaces": namespaces,
             "net": self.network_isolation != "off",
+            "bwrap": self.bwrap,
+            "seccomp": self._seccomp.hex() if self._seccomp else "",
+            "proc": self._proc,
+            "sized": self._bwrap_sized,
             "uid": self.uid,
             "gid": self.gid,
             "cgroup": cgroup_path,
@@ -254,7 +327,9 @@ class Sandbox:
                 "cpu_s": self.cpu_limit_s,
                 "memory_mb": lim.memory_mb,
                 "file_size_mb": lim.file_size_mb,
-                "nproc": lim.max_processes + 1,  # + the launcher, counted in the namespace
+                # in bwrap's user namespace: the program and its children only; without
+                # namespaces, + the launcher
+                "nproc": lim.max_processes + (0 if namespaces else 1),
                 "nofile": lim.max_open_files,
             },
         }
@@ -293,6 +368,15 @@ class Sandbox:
             os.close(status_w)
         with os.fdopen(status_r, "rb", buffering=0) as status:
             return _Run(self, proc, status).collect()
+
+
+def _bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """``bwrap --version`` as numbers ("bubblewrap 0.8.0" -> (0, 8, 0)); () when unreadable."""
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10)
+        return tuple(int(x) for x in out.stdout.split()[-1].split("."))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return ()
 
 
 class _Run:
@@ -391,11 +475,7 @@ class _Run:
             pids += (start_ev["pid"],)
         exit_code = sig = cpu_s = None
         if exit_ev is not None:
-            status, cpu_s = exit_ev["status"], exit_ev["cpu_s"]
-            if os.WIFSIGNALED(status):
-                sig = os.WTERMSIG(status)
-            else:
-                exit_code = os.WEXITSTATUS(status)
+            exit_code, sig, cpu_s = exit_ev["exit_code"], exit_ev["signal"], exit_ev["cpu_s"]
         category = classify(
             stopped_for=self.stopped_for,
             exit_code=exit_code,

@@ -164,3 +164,26 @@ def test_tool_env_good_and_bad_calls_in_one_turn():
 def test_tool_env_unknown_parser_lists_the_valid_ones():
     with pytest.raises(ValueError, match="hermes"):
         EchoEnv(parser="nope")
+
+
+def test_a_bad_tool_schema_is_an_error_at_registration_naming_the_tool():
+    bad = {"type": "object", "properties": {"text": {"type": "strng"}}}
+    with pytest.raises(
+        ValueError, match=r"tool 'typo': .*not a valid JSON schema.*properties/text"
+    ):
+        Tool(name="typo", description="", parameters=bad, fn=lambda a: "")
+
+
+def test_the_schema_is_checked_once_and_the_validator_kept(monkeypatch):
+    import jsonschema
+
+    tool = Tool(name="echo2", description="", parameters=ECHO.parameters, fn=ECHO.fn)
+    cls = jsonschema.validators.validator_for(tool.parameters)
+    checks = []
+    monkeypatch.setattr(cls, "check_schema", classmethod(lambda c, s, **k: checks.append(s)))
+    for arguments in ({"text": "a"}, {"txt": "a"}, {"text": 5}):
+        tool.argument_error(arguments)
+    assert checks == []  # jsonschema.validate checked the schema again on every call
+    assert (
+        tool.argument_error({"text": 5}) == "tool 'echo2': bad arguments: 5 is not of type 'string'"
+    )

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import time
 import uuid
 
+import pyseccomp
 import pytest
 
 from roll_ds.rewards.base import RewardSample
@@ -234,8 +236,12 @@ def test_host_environment_is_invisible(reward, monkeypatch):
     tests = json.dumps({"tests": [{"input": "", "output": secret}]})
     score, info, _ = attack(reward, program, tests)
     assert (score, info["error_category"]) == (0.0, "wrong_answer")
-    result = reward.sandbox.run("import os; print(sorted(os.environ))")
-    assert result.stdout.strip() == "['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']"
+    # bubblewrap adds PWD: the work dir, which the program is in anyway (nothing of the host)
+    result = reward.sandbox.run(
+        "import os; print(sorted(os.environ), os.getenv('PWD') == os.getcwd())"
+    )
+    env = "['HOME', 'LANG', 'LC_ALL', 'PATH', 'PWD', 'TMPDIR'] True"
+    assert result.stdout.strip() == env
 
 
 def test_no_network_not_even_the_hosts_loopback(reward):
@@ -349,3 +355,75 @@ def test_registered_and_validated():
     assert isinstance(fn, CodeReward) and fn.sandbox.limits.timeout_s == 3.0
     with pytest.raises(ValueError, match="scoring: 'most'; valid: fraction, all_or_nothing"):
         CodeReward(scoring="most")
+
+
+# -- the seccomp filter: what bwrap loads before it execs the program ----------------------------
+
+_LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+_CHECK = (
+    "if ret < 0:\n"
+    "    err = ctypes.get_errno()\n"
+    "    raise OSError(err, os.strerror(err))\n"
+    "print('escaped')\n"
+)
+#: an attack's first step, each a call that succeeds in a user namespace without the filter
+#: (ptrace of itself, a new user namespace, a session keyring) or with a capability it could get
+#: from one (mount, a packet socket)
+FILTERED = {
+    "ptrace": _LIBC + "ret = libc.ptrace(0, 0, None, None)  # PTRACE_TRACEME\n" + _CHECK,
+    "unshare": _LIBC + "ret = libc.unshare(0x10000000)  # CLONE_NEWUSER\n" + _CHECK,
+    "mount": _LIBC + "ret = libc.mount(b'none', b'.', b'tmpfs', 0, None)\n" + _CHECK,
+    "keyctl": _LIBC + "ret = libc.syscall(250, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING\n" + _CHECK,
+    "socket(AF_PACKET)": "import socket\nsocket.socket(socket.AF_PACKET, socket.SOCK_RAW)\n"
+    "print('escaped')\n",
+    "socket(SOCK_RAW)": "import socket\n"
+    "socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)\nprint('escaped')\n",
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="keyctl's syscall number: x86_64")
+@pytest.mark.parametrize("call", sorted(FILTERED))
+def test_the_syscall_filter_refuses(reward, call):
+    score, info, _ = attack(reward, FILTERED[call])
+    stderr = reward.last_results[0].stderr
+    assert (score, info["error_category"]) == (0.0, "runtime_error"), stderr
+    assert "Operation not permitted" in stderr and "escaped" not in reward.last_results[0].stdout
+
+
+def test_the_program_runs_under_the_filter(reward):
+    """The refusals above are the filter's, not only the missing capabilities': the program is
+    in seccomp filter mode, and a call that a user namespace allows (a new one) is refused
+    with the filter's EPERM while the same call outside the filter succeeds."""
+    status = reward.sandbox.run("print(open('/proc/self/status').read())").stdout
+    assert "Seccomp:\t2" in status, status  # SECCOMP_MODE_FILTER
+    unshare = FILTERED["unshare"]
+    assert reward.sandbox.run(unshare).category == "runtime_error"
+    box = Sandbox(SandboxLimits(timeout_s=5), tmp_dir=reward.sandbox.tmp_dir)
+    box.probe()
+    allow_all = pyseccomp.SyscallFilter(pyseccomp.ALLOW)  # the same sandbox, no refusals
+    with tempfile.TemporaryFile() as f:
+        allow_all.export_bpf(f)
+        f.seek(0)
+        box._seccomp = f.read()
+    escaped = box._run_source(unshare, "", namespaces=True)
+    assert escaped.stdout.strip() == "escaped", escaped
+
+
+def test_without_bubblewrap_the_refusal_names_the_package_and_the_opt_out(tmp_path):
+    box = Sandbox(SandboxLimits(timeout_s=2), "required", tmp_dir=str(tmp_path))
+    box.bwrap = None  # not installed
+    with pytest.raises(SandboxUnavailable) as refused:
+        box.probe()
+    message = str(refused.value)
+    assert "apt-get install bubblewrap" in message and "network_isolation: best_effort" in message
+
+
+def test_bwraps_own_failure_is_a_sandbox_error_not_the_programs(reward):
+    """bwrap fails after it started the program's process (here: a filter it cannot load):
+    the run is the sandbox's error, with bwrap's message, never a program's runtime_error."""
+    box = Sandbox(SandboxLimits(timeout_s=5), tmp_dir=reward.sandbox.tmp_dir)
+    box.probe()
+    box._seccomp = b"\0" * 3  # not a BPF program
+    res = box.run("print('never runs')")
+    assert (res.category, res.stdout) == ("sandbox_error", ""), res
+    assert "bwrap could not start the program" in res.detail and "seccomp" in res.stderr
