@@ -30,101 +30,112 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+import psutil
 
 logger = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 PROC = Path("/proc")
+# psutil statuses of a process that has ended (a zombie waits only to be reaped)
+DEAD_STATES = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
-def process_tree(roots: Iterable[int], proc: Path = PROC) -> set[int]:
+def process_tree(roots: Iterable[int]) -> set[int]:
     """``roots`` and every live descendant of them (vLLM's worker processes, the engine core,
     the resource tracker are children of the actor process)."""
-    children: dict[int, list[int]] = {}
-    for entry in _pid_dirs(proc):
-        ppid = _parent(proc / entry)
-        if ppid is not None:
-            children.setdefault(ppid, []).append(int(entry))
     seen: set[int] = set()
-    todo = [p for p in roots if (proc / str(p)).exists()]
-    while todo:
-        pid = todo.pop()
-        if pid not in seen:
+    for pid in roots:
+        with contextlib.suppress(psutil.Error):
+            children = psutil.Process(pid).children(recursive=True)
             seen.add(pid)
-            todo.extend(children.get(pid, ()))
+            seen.update(child.pid for child in children)
     return seen
 
 
-def descendants(pid: int, proc: Path = PROC) -> dict[int, int]:
-    """``pid``'s live descendants, each with its start time (``/proc/<pid>/stat`` field 22):
-    what tells a process from a later one that reuses its pid."""
-    tree = process_tree([pid], proc) - {pid}
-    return {p: t for p in tree if (t := start_time(p, proc)) is not None}
-
-
-def start_time(pid: int, proc: Path = PROC) -> int | None:
+def descendants(pid: int) -> dict[int, float]:
+    """``pid``'s live descendants, each with its start time (``create_time``): what tells a
+    process from a later one that reuses its pid."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return {}
+    found = {}
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            found[child.pid] = child.create_time()
+    return found
+
+
+def start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # from field 3 (state) on
-    return int(fields[19]) if len(fields) > 19 else None
 
 
-def end_processes(recorded: Mapping[int, int], proc: Path = PROC) -> list[int]:
+def _same(pid: int, started: float | None) -> psutil.Process | None:
+    """The process ``pid`` if it is alive and (with ``started``) still the one that started
+    then; None otherwise."""
+    try:
+        process = psutil.Process(pid)
+        if started is not None and process.create_time() != started:
+            return None  # the pid is another process's now
+        return process
+    except psutil.Error:
+        return None
+
+
+def end_processes(recorded: Mapping[int, float]) -> list[int]:
     """SIGKILL the ``recorded`` processes (pid -> start time) that are still those processes:
     the children a killed actor left (vLLM's engine core, which holds its KV cache and message
     queues, has no parent left to stop it). Returns the pids killed."""
     killed = []
     for pid, started in recorded.items():
-        if start_time(pid, proc) != started:
+        process = _same(pid, started)
+        if process is None:
             continue  # gone, or the pid is another process's now
         try:
-            os.kill(pid, signal.SIGKILL)
+            process.kill()
             killed.append(pid)
-        except (ProcessLookupError, PermissionError):
+        except psutil.Error:
             continue
     return killed
 
 
-def running(pid: int, started: int | None = None, proc: Path = PROC) -> bool:
+def running(pid: int, started: float | None = None) -> bool:
     """Whether ``pid`` is a live process (a zombie is not: it holds no memory, no GPU context,
     and a parent that never reaps it must not hold anything up) and, with ``started``, still
     the process that started then."""
+    process = _same(pid, started)
     try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
+        return process is not None and process.status() not in DEAD_STATES
+    except psutil.Error:
         return False
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if not fields or fields[0] in ("Z", "X"):
-        return False
-    return started is None or (len(fields) > 19 and int(fields[19]) == started)
 
 
 def wait_ended(
-    recorded: Mapping[int, int | None], timeout_s: float, proc: Path = PROC, poll_s: float = 0.05
+    recorded: Mapping[int, float | None], timeout_s: float, poll_s: float = 0.05
 ) -> list[int]:
     """Wait up to ``timeout_s`` until none of ``recorded`` (pid -> start time, None: any) runs;
-    returns the pids still running then (``[]``: all gone)."""
+    returns the pids still running then (``[]``: all gone). Polled, not ``psutil.wait_procs``:
+    that waits for a zombie whose parent (not us) never reaps it."""
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = [pid for pid, started in recorded.items() if running(pid, started, proc)]
+        alive = [pid for pid, started in recorded.items() if running(pid, started)]
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(poll_s)
 
 
-def end_and_wait(
-    recorded: Mapping[int, int], timeout_s: float, proc: Path = PROC
-) -> tuple[list[int], list[int]]:
+def end_and_wait(recorded: Mapping[int, float], timeout_s: float) -> tuple[list[int], list[int]]:
     """``end_processes``, then wait (bounded) until the killed processes are gone: a SIGKILLed
     process still frees its memory (a GPU's too) on its way out. ``(killed, still running)``."""
-    killed = end_processes(recorded, proc)
-    return killed, wait_ended({pid: recorded[pid] for pid in killed}, timeout_s, proc)
+    killed = end_processes(recorded)
+    return killed, wait_ended({pid: recorded[pid] for pid in killed}, timeout_s)
 
 
 def held_files(pids: Iterable[int], shm_dir: Path = SHM_DIR, proc: Path = PROC) -> dict[str, int]:
@@ -140,7 +151,7 @@ def held_files(pids: Iterable[int], shm_dir: Path = SHM_DIR, proc: Path = PROC) 
 
 def scan(pids: Iterable[int], shm_dir: Path = SHM_DIR, proc: Path = PROC) -> dict[str, int]:
     """``held_files`` of ``pids`` and their descendants (run on the node of ``pids``)."""
-    return held_files(process_tree(pids, proc), shm_dir, proc)
+    return held_files(process_tree(pids), shm_dir, proc)
 
 
 def unlink_recorded(files: Mapping[str, int], shm_dir: Path = SHM_DIR) -> dict[str, int]:
@@ -178,23 +189,6 @@ class ShmLedger:
     def sweep(self, node_id: str | None, shm_dir: Path = SHM_DIR) -> dict[str, int]:
         """Unlink what the run's processes on ``node_id`` held and left; forget the node."""
         return unlink_recorded(self.files.pop(node_id, {}), shm_dir)
-
-
-def _pid_dirs(proc: Path) -> list[str]:
-    try:
-        return [d for d in os.listdir(proc) if d.isdigit()]
-    except OSError:  # no /proc (not Linux): nothing to record
-        return []
-
-
-def _parent(pid_dir: Path) -> int | None:
-    try:
-        stat = (pid_dir / "stat").read_text()
-    except OSError:
-        return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None
 
 
 def _mapped(maps: Path, prefix: str) -> dict[str, int]:
