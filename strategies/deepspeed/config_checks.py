@@ -105,6 +105,8 @@ def deepspeed_run_problems(cfg: RLVRConfig, *, check_files: bool = True) -> list
         field = f"{name}.strategy_args.strategy_config"
         problems += zeropp_device_problems(ds, field, cfg.device)
         problems += zeropp_topology_problems(ds, field, ranks_per_node(cfg, role))
+        if nvme_paths(ds):
+            problems += nvme_buffer_problems(cfg, role, ds, field, check_files=check_files)
         if check_files and nvme_paths(ds):
             found, warnings = role_nvme_problems(cfg, name, role, ds)
             problems += found
@@ -143,4 +145,39 @@ def role_nvme_problems(
         trained_numel=trained,
         dtype=args.dtype,
         share=share,
+    )
+
+
+def nvme_buffer_problems(
+    cfg: RLVRConfig, role: WorkerConfig, ds: dict, field: str, *, check_files: bool
+) -> list[str]:
+    """The NVMe swap buffers' and aio's sizes of a role (``strategies/deepspeed/nvme.py``
+    ``buffer_problems``); the largest parameter is read from the model's safetensors headers
+    (``check_files``)."""
+    from roll_ds.config.role_placement import placement
+    from roll_ds.models.shipped import EMBEDDED_PREFIX, resolve_embedded
+    from strategies.deepspeed import nvme
+
+    largest = None
+    path = role.model_args.model_name_or_path or cfg.pretrain
+    if check_files or path.startswith(EMBEDDED_PREFIX):
+        try:
+            model_dir = resolve_embedded(path) if path.startswith(EMBEDDED_PREFIX) else path
+            size = nvme.model_size(model_dir) if os.path.isdir(model_dir) else None
+        except (ValueError, OSError):
+            size = None  # reported by the model path checks
+        largest = size.largest_numel if size is not None else None
+    try:
+        dp_size = placement("role", role).world_size
+    except ValueError:
+        return []  # reported by the role checks
+    nodes = ranks_per_node(cfg, role)
+    return nvme.buffer_problems(
+        ds,
+        field,
+        largest_numel=largest,
+        dp_size=dp_size,
+        dtype=role.model_args.dtype,
+        ranks_on_node=max(nodes) if nodes else dp_size,
+        host_bytes=nvme.host_memory_bytes(),
     )
