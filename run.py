@@ -47,7 +47,11 @@ def main(raw: DictConfig) -> None:
 
     from roll_ds.pipeline.launch import run_pipeline
 
-    run_pipeline(cfg)
+    try:
+        run_pipeline(cfg)
+    except ConfigError as exc:  # found once Ray is connected (device: auto of a joined cluster)
+        print(f"roll_ds: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 def cli() -> None:

@@ -12,6 +12,8 @@ check from the components that own it, in this order:
                                 strategies/vllm/config_checks.py, deepspeed/config_checks.py)
     roll_ds/config/role_placement.py    each role's devices and world size
     roll_ds/platform.py         the device
+    roll_ds/config/checks/device.py    the device-dependent checks under what ``device: auto``
+                                resolves to (``platform.planned_device``)
     roll_ds/config/checks/components.py    the components' own checks, by name: rewards/
                                 config_checks.py, weight_sync/config_checks.py and select.py,
                                 pipeline/colocation/checks.py and eval_metrics.py, agentic/
@@ -36,6 +38,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from roll_ds.config.agentic import has_environments, row_groups
 from roll_ds.config.checks.components import component_problems
+from roll_ds.config.checks.device import device_problems_before_start
 from roll_ds.config.checks.fields import pipeline_field_problems
 from roll_ds.config.checks.lengths import length_problems
 from roll_ds.config.checks.micro_batches import packing_warnings
@@ -149,6 +152,7 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += component_problems("colocation", cfg)  # roll_ds/pipeline/colocation/checks.py
     problems += component_problems("evaluation", cfg)  # validation sampling, save_best
     problems += device_problems(cfg)
+    problems += device_problems_before_start(cfg)  # checks/device.py: what device: auto means
     problems += component_problems("deepspeed", cfg, check_files=check_files)  # ZeRO++, NVMe
     problems += component_problems("sequence_parallel", cfg, check_files=check_files)  # Ulysses
     problems += component_problems("weight_sync_layout", cfg)  # transport vs shared GPUs

@@ -100,10 +100,9 @@ def deepspeed_run_problems(cfg: RLVRConfig, *, check_files: bool = True) -> list
     """ZeRO++ against the device and the nodes, and (``check_files``) NVMe offload against
     libaio and the disk (``strategies/deepspeed/nvme.py``), for every DeepSpeed role. A memory
     file system under an ``nvme_path`` is logged as a warning."""
-    problems = []
+    problems = deepspeed_device_problems(cfg)
     for name, role, ds in deepspeed_roles(cfg):
         field = f"{name}.strategy_args.strategy_config"
-        problems += zeropp_device_problems(ds, field, cfg.device)
         problems += zeropp_topology_problems(ds, field, ranks_per_node(cfg, role))
         if nvme_paths(ds):
             problems += nvme_buffer_problems(cfg, role, ds, field, check_files=check_files)
@@ -113,6 +112,18 @@ def deepspeed_run_problems(cfg: RLVRConfig, *, check_files: bool = True) -> list
             for line in warnings:
                 logger.warning("config: %s", line)
     return problems
+
+
+def deepspeed_device_problems(cfg: RLVRConfig) -> list[str]:
+    """What the DeepSpeed roles cannot do on ``cfg.device`` (ZeRO++'s CUDA kernels on cpu); the
+    ``deepspeed_device`` component check, run for what ``device: auto`` resolves to as well."""
+    return [
+        problem
+        for name, _, ds in deepspeed_roles(cfg)
+        for problem in zeropp_device_problems(
+            ds, f"{name}.strategy_args.strategy_config", cfg.device
+        )
+    ]
 
 
 def role_nvme_problems(
