@@ -19,6 +19,7 @@ from roll_ds.config.deepspeed import (
     check_deepspeed_config,
     fp16_train_problems,
     nvme_paths,
+    precision_problems,
     role_nvme_dir,
 )
 from roll_ds.config.schema import RLVRConfig, WorkerConfig
@@ -48,6 +49,7 @@ def strategy_config_problems(
             "with `- ../config/deepspeed_zero3@_here_` in defaults"
         ]
     problems = check_deepspeed_config(ds, field)
+    problems += precision_problems(ds, field, name, role.model_args.dtype)
     args = role.training_args
     batch_ok = min(args.per_device_train_batch_size, args.gradient_accumulation_steps) >= 1
     if problems or where is None or not where.devices or not batch_ok:
