@@ -156,7 +156,7 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += component_problems("deepspeed", cfg, check_files=check_files)  # ZeRO++, NVMe
     problems += component_problems("sequence_parallel", cfg, check_files=check_files)  # Ulysses
     problems += component_problems("weight_sync_layout", cfg)  # transport vs shared GPUs
-    if has_environments(cfg):  # environment episodes, all or some of each step's groups
+    if has_environments(cfg) or cfg.val_env_manager.tags:  # episodes: training or held-out
         problems += component_problems("agentic", cfg)  # roll_ds/agentic/config_checks.py
     if row_groups(cfg) > 0 or not has_environments(cfg):  # dataset rows
         if check_files:
