@@ -447,3 +447,16 @@ def test_held_out_only_episodes_are_checked():
     )
     assert found == ["custom_envs.Calculator.max_tokens_per_step: 0; must be >= 1"]
     load_config("rlvr_mixed_calculator", [rows_only], check_files=False)
+
+
+def test_prompt_plus_response_beyond_an_embedded_models_positions():
+    """The same check for an ``embedded:`` model (its shipped config.json, 256 positions): it
+    was skipped, and vLLM's refusal reached the user as "ValidationError isn't serializable"
+    after every role had started."""
+    assert only("prompt_length=250") == (
+        "prompt_length + response_length: the longest sequence (prompt_length 250 + "
+        "response_length 8 = 258 tokens), the rollout engine's max_model_len, exceeds the "
+        "model's max_position_embeddings 256 (embedded:tiny-qwen2's config.json); lower "
+        "prompt_length / response_length"
+    )
+    load_config("rlvr_lora_zero3", ["prompt_length=248"], check_files=False)  # 256: fits
