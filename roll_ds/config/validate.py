@@ -23,8 +23,10 @@ check from the components that own it, in this order:
 ``roll_ds/config/`` imports none of the components it collects from (they sit above it and import
 the schema): each is named by ``"module:function"`` and imported when ``validate`` first runs.
 
-Settings that are valid but have no effect (``no_effect.config_warnings``), or that measured slower
-than leaving them out (``checks.micro_batches.packing_warnings``), are logged as warnings.
+Settings that are valid but have no effect (``no_effect.config_warnings``), that measured slower
+than leaving them out (``checks.micro_batches.packing_warnings``), or a generation cap that cuts
+every answer below ``response_length`` (``checks.lengths.generation_cap_warnings``) are logged as
+warnings.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from roll_ds.config.agentic import has_environments, row_groups
 from roll_ds.config.checks.components import component_problems
 from roll_ds.config.checks.device import device_problems_before_start
 from roll_ds.config.checks.fields import pipeline_field_problems
-from roll_ds.config.checks.lengths import length_problems
+from roll_ds.config.checks.lengths import generation_cap_warnings, length_problems
 from roll_ds.config.checks.micro_batches import packing_warnings
 from roll_ds.config.checks.pipeline import (
     algorithm_problems,
@@ -133,7 +135,7 @@ def _omegaconf_problem(cfg: DictConfig, exc: OmegaConfBaseException) -> str:
 def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     """Raise ``ConfigError`` listing every problem in ``cfg``. Settings without effect, and
     packing that will be slower, are logged as warnings and returned (see the module doc)."""
-    warnings = config_warnings(cfg) + packing_warnings(cfg)
+    warnings = config_warnings(cfg) + packing_warnings(cfg) + generation_cap_warnings(cfg)
     for line in warnings:
         logger.warning("config: %s", line)
     problems: list[str] = []
