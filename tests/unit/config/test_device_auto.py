@@ -71,6 +71,16 @@ def test_cuda_ipc_without_cuda(machine):
     load_config("rlvr_lora_zero3", ["weight_sync.transport=cuda_ipc"], check_files=False)
 
 
+def test_seeded_chunking_under_auto_on_a_machine_without_cuda(machine):
+    field = "actor_infer.strategy_args.strategy_config"
+    split = [f"+{field}.enable_chunked_prefill=true", f"+{field}.max_num_batched_tokens=4096"]
+    machine("cpu")
+    (line,) = problems(*split)
+    assert line.startswith(f"{field}.enable_chunked_prefill: true") and "[device: auto" in line
+    machine("cuda")  # CUDA generators rewind: vLLM's chunking is safe there
+    load_config("rlvr_lora_zero3", split, check_files=False)
+
+
 def test_partly_colocated_gpus_under_auto(machine):
     layout = ["num_gpus_per_node=4", "actor_train.device_mapping=[0,1]"]
     layout.append("actor_infer.device_mapping=[1,2]")
