@@ -41,8 +41,8 @@ def transport_device_problems(cfg: RLVRConfig) -> list[str]:
         return []
     return [
         "weight_sync.transport: cuda_ipc shares the weights through GPU memory, and this run "
-        "has no CUDA GPUs (device: cpu); use auto (object_store on one node, collective across "
-        "nodes), collective or object_store"
+        "has no CUDA GPUs (its device is cpu); use auto (object_store on one node, collective "
+        "across nodes), collective or object_store"
     ]
 
 

@@ -60,8 +60,8 @@ def test_a_joined_cluster_decides_at_launch(machine):
 def test_cuda_ipc_without_cuda(machine):
     expected = (
         "weight_sync.transport: cuda_ipc shares the weights through GPU memory, and this run "
-        "has no CUDA GPUs (device: cpu); use auto (object_store on one node, collective across "
-        "nodes), collective or object_store"
+        "has no CUDA GPUs (its device is cpu); use auto (object_store on one node, collective "
+        "across nodes), collective or object_store"
     )
     assert problems("device=cpu", "weight_sync.transport=cuda_ipc") == [expected]
     machine("cpu")
