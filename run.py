@@ -51,7 +51,8 @@ def main(raw: DictConfig) -> None:
 
     try:
         run_pipeline(cfg)
-    except CheckpointError as exc:  # a checkpoint that does not load: not retried, said plainly
+    except (CheckpointError, ConfigError) as exc:  # a checkpoint that does not load (not
+        # retried), or a problem found once Ray is connected (device: auto of a joined cluster)
         print(f"roll_ds: {exc}", file=sys.stderr)
         sys.exit(2)
 

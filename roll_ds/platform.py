@@ -123,6 +123,35 @@ def decide_platform(
     return CUDA if cluster_resources.get("GPU", 0) > 0 else CPU
 
 
+# Files a GPU driver puts on a machine (NVIDIA's, WSL's GPU paravirtualization, ROCm's): a
+# machine without any of them has no GPU torch could use, which is known without importing it.
+GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
+def planned_device(device: str, ray_address: str | None) -> str | None:
+    """``"cpu"`` or ``"cuda"``: what a run will plan for, as far as it is known before it
+    connects to Ray (config validation runs the device's checks with it, before any actor).
+    ``device`` cpu/cuda: as named. ``auto`` with a local Ray (no ``ray_address``): this
+    machine's, ``decide_platform``'s answer there (a local Ray is this machine), torch asked
+    only where a GPU driver is installed. ``auto`` joining a cluster (``ray_address``, or a
+    ``ray start`` cluster on this machine, which ``ray.init()`` joins): None, decided from the
+    cluster's resources at launch (``decide_run_platform``)."""
+    if device != "auto":
+        return device if device in BY_DEVICE else None
+    if ray_address or os.path.exists(_ray_start_file()):
+        return None
+    if _decided is None and not any(os.path.exists(path) for path in GPU_DRIVER_FILES):
+        forced = os.environ.get(DEVICE_ENV)
+        return forced if forced in BY_DEVICE else "cpu"
+    return decide_platform(device).device_type
+
+
+def _ray_start_file() -> str:
+    """Where ``ray start`` records its cluster for ``ray.init()`` to join (Ray's temp dir)."""
+    temp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(temp, "ray", "ray_current_cluster")
+
+
 def use_platform(platform: Platform | None) -> Platform | None:
     """Install ``platform`` as this process's ``current_platform()`` (None: back to detecting);
     returns the one it replaces. Called on the driver once the run's platform is decided."""

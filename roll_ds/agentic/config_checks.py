@@ -21,8 +21,11 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 
 def agentic_problems(cfg: Any) -> list[str]:
+    """The agentic sections of a run that plays environment episodes: in training
+    (``train_env_manager.tags``), or only in evaluation (``val_env_manager.tags``, played by the
+    pipeline's evaluation and by ``roll_ds evaluate``)."""
     if not has_environments(cfg):
-        return []
+        return held_out_only_problems(cfg) if cfg.val_env_manager.tags else []
     problems: list[str] = []
     for name, spec in cfg.custom_envs.items():
         problems += _env_problems(f"custom_envs.{name}", spec, cfg)
@@ -122,6 +125,17 @@ def _manager_problems(where: str, manager: EnvManagerConfig, cfg: Any) -> list[s
     return problems
 
 
+def held_out_only_problems(cfg: Any) -> list[str]:
+    """Held-out episodes without training ones: the environments, the tags that name them, and
+    what playing any episode needs (its timeout, seeds, workers, an engine that seeds each
+    request); the training-only settings (estimator, reward mode) do not apply."""
+    problems: list[str] = []
+    for name, spec in cfg.custom_envs.items():
+        problems += _env_problems(f"custom_envs.{name}", spec, cfg)
+    problems += _manager_problems("val_env_manager", cfg.val_env_manager, cfg)
+    return problems + _episode_problems(cfg)
+
+
 def _runner_problems(cfg: Any) -> list[str]:
     problems = []
     agentic, algo = cfg.agentic, cfg.algorithm
@@ -142,6 +156,18 @@ def _runner_problems(cfg: Any) -> list[str]:
             f"algorithm.adv_estimator: {algo.adv_estimator!r}; agentic episodes train with a "
             f"group estimator ({', '.join(GROUP_ESTIMATORS)})"
         )
+    problems += _episode_problems(cfg)
+    if algo.dynamic_sampling:
+        problems.append(
+            "algorithm.dynamic_sampling: not available for agentic episodes yet; set it to false"
+        )
+    return problems
+
+
+def _episode_problems(cfg: Any) -> list[str]:
+    """What playing any episode needs, training or held-out."""
+    problems = []
+    agentic = cfg.agentic
     if agentic.step_timeout_s <= 0:
         problems.append(f"agentic.step_timeout_s: {agentic.step_timeout_s}; must be > 0")
     problems += _seed_offset_problems(cfg)
@@ -153,10 +179,6 @@ def _runner_problems(cfg: Any) -> list[str]:
         problems.append(
             f"actor_infer.strategy_args.strategy_name: {infer!r} cannot seed and limit each "
             f"episode's turn on its own, which environment episodes need; use one of {engines}"
-        )
-    if algo.dynamic_sampling:
-        problems.append(
-            "algorithm.dynamic_sampling: not available for agentic episodes yet; set it to false"
         )
     return problems
 

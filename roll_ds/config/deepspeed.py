@@ -366,6 +366,41 @@ def fp16_train_problems(ds_config: Mapping[str, Any], where: str) -> list[str]:
     ]
 
 
+HALF_PRECISIONS = ("bf16", "fp16")
+
+
+def precision_problems(
+    ds_config: Mapping[str, Any], where: str, role: str, dtype: str
+) -> list[str]:
+    """A ``bf16`` / ``fp16`` section whose explicit ``enabled`` disagrees with the role's
+    ``model_args.dtype``. ``build_deepspeed_config`` trains in the dtype's precision, but an
+    explicit ``enabled: true`` of another one wins: a bf16 preset under an fp32 model trains in
+    bf16 while the config (and an fp32 rollout engine) says fp32, and the trainer's log-probs
+    drift from the engine's far beyond fp32's gap. An explicit ``enabled: false`` under that
+    dtype is overridden. ``auto`` follows the dtype. Both enabled: ``check_deepspeed_config``."""
+    on = {name: (ds_config.get(name) or {}).get("enabled") for name in HALF_PRECISIONS}
+    if all(value is True for value in on.values()):
+        return []  # reported by check_deepspeed_config
+    dtype_field = f"{role}.model_args.dtype"
+    problems = []
+    for name, enabled in on.items():
+        if enabled is True and dtype != name:
+            problems.append(
+                f"{where}.{name}.enabled: true trains {role} in {name}, but {dtype_field} is "
+                f"{dtype}: the weights are cast to {name} for every forward and backward while "
+                f"the config (and a rollout engine in {dtype}) says {dtype}, so the trainer's "
+                f"log-probs drift from the engine's; align them: {name}.enabled: auto (follows "
+                f"the dtype) or {dtype_field}: {name} (with actor_infer.model_args.dtype to match)"
+            )
+        elif enabled is False and dtype == name:
+            problems.append(
+                f"{where}.{name}.enabled: false, but {dtype_field} is {name}, which trains in "
+                f"{name} whatever enabled says; set {name}.enabled: auto, or {dtype_field}: fp32 "
+                "to train in fp32"
+            )
+    return problems
+
+
 def _fill_nvme(zero: dict[str, Any], inputs: DeepSpeedInputs) -> None:
     """The NVMe sections' ``"auto"``: the role's directory, a swap buffer holding the largest
     parameter's partition (unknown ones stay ``"auto"`` and are reported)."""

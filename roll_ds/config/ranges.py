@@ -206,9 +206,20 @@ WEIGHT_SYNC: dict[str, Rule] = {
     "parity_max_abs_diff": Range(low=0, low_open=True, null="the default of the rollout dtype"),
 }
 
+# The least bound of an actor call that can succeed: every call crosses Ray twice and moves its
+# batch through the object store, and the calls it bounds do a step's work (a train step, a
+# log-prob pass, a checkpoint save: seconds even for the embedded model on a CPU). A smaller
+# bound times every call out, and each timeout is treated as a stuck worker: replaced or
+# restarted until the budgets are spent.
+MIN_CALL_TIMEOUT_S = 10.0
+
 FAULT_TOLERANCE: dict[str, Rule] = {
     "max_restarts": Range(low=0, note="0: a dead worker stops the run"),
-    "call_timeout_s": POSITIVE,
+    "call_timeout_s": Range(
+        low=MIN_CALL_TIMEOUT_S,
+        note="seconds; below it no train step or scoring call can finish and every call would "
+        "time out into a replacement or restart",
+    ),
     "per_token_s": Range(low=0),
     "convert_min_mib_per_s": POSITIVE,
     "max_trainer_restarts": Range(low=0, note="0: a failed trainer rank stops the run"),

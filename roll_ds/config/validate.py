@@ -12,6 +12,8 @@ check from the components that own it, in this order:
                                 strategies/vllm/config_checks.py, deepspeed/config_checks.py)
     roll_ds/config/role_placement.py    each role's devices and world size
     roll_ds/platform.py         the device
+    roll_ds/config/checks/device.py    the device-dependent checks under what ``device: auto``
+                                resolves to (``platform.planned_device``)
     roll_ds/config/checks/components.py    the components' own checks, by name: rewards/
                                 config_checks.py, weight_sync/config_checks.py and select.py,
                                 pipeline/colocation/checks.py and eval_metrics.py, agentic/
@@ -21,8 +23,10 @@ check from the components that own it, in this order:
 ``roll_ds/config/`` imports none of the components it collects from (they sit above it and import
 the schema): each is named by ``"module:function"`` and imported when ``validate`` first runs.
 
-Settings that are valid but have no effect (``no_effect.config_warnings``), or that measured slower
-than leaving them out (``checks.micro_batches.packing_warnings``), are logged as warnings.
+Settings that are valid but have no effect (``no_effect.config_warnings``), that measured slower
+than leaving them out (``checks.micro_batches.packing_warnings``), or a generation cap that cuts
+every answer below ``response_length`` (``checks.lengths.generation_cap_warnings``) are logged as
+warnings.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from roll_ds.config.agentic import has_environments, row_groups
 from roll_ds.config.checks.components import component_problems
+from roll_ds.config.checks.device import device_problems_before_start
 from roll_ds.config.checks.fields import pipeline_field_problems
-from roll_ds.config.checks.lengths import length_problems
+from roll_ds.config.checks.lengths import generation_cap_warnings, length_problems
 from roll_ds.config.checks.micro_batches import packing_warnings
 from roll_ds.config.checks.pipeline import (
     algorithm_problems,
@@ -130,7 +135,7 @@ def _omegaconf_problem(cfg: DictConfig, exc: OmegaConfBaseException) -> str:
 def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     """Raise ``ConfigError`` listing every problem in ``cfg``. Settings without effect, and
     packing that will be slower, are logged as warnings and returned (see the module doc)."""
-    warnings = config_warnings(cfg) + packing_warnings(cfg)
+    warnings = config_warnings(cfg) + packing_warnings(cfg) + generation_cap_warnings(cfg)
     for line in warnings:
         logger.warning("config: %s", line)
     problems: list[str] = []
@@ -149,10 +154,11 @@ def validate(cfg: RLVRConfig, *, check_files: bool = True) -> list[str]:
     problems += component_problems("colocation", cfg)  # roll_ds/pipeline/colocation/checks.py
     problems += component_problems("evaluation", cfg)  # validation sampling, save_best
     problems += device_problems(cfg)
+    problems += device_problems_before_start(cfg)  # checks/device.py: what device: auto means
     problems += component_problems("deepspeed", cfg, check_files=check_files)  # ZeRO++, NVMe
     problems += component_problems("sequence_parallel", cfg, check_files=check_files)  # Ulysses
     problems += component_problems("weight_sync_layout", cfg)  # transport vs shared GPUs
-    if has_environments(cfg):  # environment episodes, all or some of each step's groups
+    if has_environments(cfg) or cfg.val_env_manager.tags:  # episodes: training or held-out
         problems += component_problems("agentic", cfg)  # roll_ds/agentic/config_checks.py
     if row_groups(cfg) > 0 or not has_environments(cfg):  # dataset rows
         if check_files:

@@ -141,6 +141,11 @@ def to_row(record: Any, spec: RowSpec, default_id: str) -> tuple[dict | None, li
                 f"field {spec.answer_key!r} has no answer in the {spec.answer_format!r} format "
                 f"({_brief(answer)})"
             )
+        elif not ground_truth.strip():
+            problems.append(
+                f"field {spec.answer_key!r} is empty: no response matches an empty answer, so "
+                "every sample of the row would be scored wrong; give its answer or drop the row"
+            )
     if problems:
         return None, problems
     domain = lookup(record, spec.domain_key) if spec.domain_key else _MISSING

@@ -79,38 +79,23 @@ def decide_run_platform(cfg: RLVRConfig) -> Platform:
     installed as the driver's ``current_platform()`` (the transport choice reads it there)."""
     platform = decide_platform(cfg.device, ray.cluster_resources())
     use_platform(platform)
-    if platform.is_cuda and cfg.device != "cuda":
-        _check_gpu_layout(cfg)
-    if not platform.is_cuda and cfg.device == "auto":
-        _check_cpu_deepspeed(cfg)
+    if cfg.device == "auto":
+        check_resolved_device(cfg, platform.device_type)
     return platform
 
 
-def _check_cpu_deepspeed(cfg: RLVRConfig) -> None:
-    """``device: auto`` resolved to CPU: what validation refuses for ``device: cpu`` in the
-    DeepSpeed roles (ZeRO++'s CUDA-only keys), now, before any actor starts."""
+def check_resolved_device(cfg: RLVRConfig, device: str) -> None:
+    """``device: auto`` resolved to ``device``: the checks validation applies to an explicit
+    device (``roll_ds/config/checks/device.py``: ZeRO++ on cpu, the weight-sync transport
+    against shared GPUs, ``cuda_ipc`` on cpu, vLLM's seeded chunking on cpu), now, before any
+    actor starts. Validation ran them already for a local Ray; a joined cluster's device is
+    only known here."""
     import dataclasses
 
-    from roll_ds.config.checks.components import component_problems
+    from roll_ds.config.checks.device import device_checks
     from roll_ds.config.validate import ConfigError
 
-    problems = component_problems(
-        "deepspeed", dataclasses.replace(cfg, device="cpu"), check_files=False
-    )
-    if problems:
-        raise ConfigError(problems)
-
-
-def _check_gpu_layout(cfg: RLVRConfig) -> None:
-    """``device: auto`` resolved to CUDA: the weight-sync layout rules validation applies to
-    ``device: cuda`` (no NCCL between ranks sharing a GPU, no partial colocation), now, before
-    any actor starts, instead of at the first sync."""
-    import dataclasses
-
-    from roll_ds.config.checks.components import component_problems
-    from roll_ds.config.validate import ConfigError
-
-    problems = component_problems("weight_sync_layout", dataclasses.replace(cfg, device="cuda"))
+    problems = device_checks(dataclasses.replace(cfg, device=device))
     if problems:
         raise ConfigError(problems)
 

@@ -19,6 +19,7 @@ from roll_ds.config.deepspeed import (
     check_deepspeed_config,
     fp16_train_problems,
     nvme_paths,
+    precision_problems,
     role_nvme_dir,
 )
 from roll_ds.config.schema import RLVRConfig, WorkerConfig
@@ -48,6 +49,7 @@ def strategy_config_problems(
             "with `- ../config/deepspeed_zero3@_here_` in defaults"
         ]
     problems = check_deepspeed_config(ds, field)
+    problems += precision_problems(ds, field, name, role.model_args.dtype)
     args = role.training_args
     batch_ok = min(args.per_device_train_batch_size, args.gradient_accumulation_steps) >= 1
     if problems or where is None or not where.devices or not batch_ok:
@@ -108,11 +110,12 @@ def deepspeed_run_problems(cfg: RLVRConfig, *, check_files: bool = True) -> list
     DeepSpeed's own config models (``ds_models.py``: imports DeepSpeed) and NVMe offload against
     libaio and the disk (``strategies/deepspeed/nvme.py``), for every DeepSpeed role. A memory
     file system under an ``nvme_path`` is logged as a warning."""
-    problems = []
+    problems = deepspeed_device_problems(cfg)
     for name, role, ds in deepspeed_roles(cfg):
         field = f"{name}.strategy_args.strategy_config"
-        problems += zeropp_device_problems(ds, field, cfg.device)
         problems += zeropp_topology_problems(ds, field, ranks_per_node(cfg, role))
+        if nvme_paths(ds):
+            problems += nvme_buffer_problems(cfg, role, ds, field, check_files=check_files)
         if check_files:
             from strategies.deepspeed.ds_models import deepspeed_model_problems
 
@@ -123,6 +126,18 @@ def deepspeed_run_problems(cfg: RLVRConfig, *, check_files: bool = True) -> list
             for line in warnings:
                 logger.warning("config: %s", line)
     return problems
+
+
+def deepspeed_device_problems(cfg: RLVRConfig) -> list[str]:
+    """What the DeepSpeed roles cannot do on ``cfg.device`` (ZeRO++'s CUDA kernels on cpu); the
+    ``deepspeed_device`` component check, run for what ``device: auto`` resolves to as well."""
+    return [
+        problem
+        for name, _, ds in deepspeed_roles(cfg)
+        for problem in zeropp_device_problems(
+            ds, f"{name}.strategy_args.strategy_config", cfg.device
+        )
+    ]
 
 
 def role_nvme_problems(
@@ -155,4 +170,39 @@ def role_nvme_problems(
         trained_numel=trained,
         dtype=args.dtype,
         share=share,
+    )
+
+
+def nvme_buffer_problems(
+    cfg: RLVRConfig, role: WorkerConfig, ds: dict, field: str, *, check_files: bool
+) -> list[str]:
+    """The NVMe swap buffers' and aio's sizes of a role (``strategies/deepspeed/nvme.py``
+    ``buffer_problems``); the largest parameter is read from the model's safetensors headers
+    (``check_files``)."""
+    from roll_ds.config.role_placement import placement
+    from roll_ds.models.shipped import EMBEDDED_PREFIX, resolve_embedded
+    from strategies.deepspeed import nvme
+
+    largest = None
+    path = role.model_args.model_name_or_path or cfg.pretrain
+    if check_files or path.startswith(EMBEDDED_PREFIX):
+        try:
+            model_dir = resolve_embedded(path) if path.startswith(EMBEDDED_PREFIX) else path
+            size = nvme.model_size(model_dir) if os.path.isdir(model_dir) else None
+        except (ValueError, OSError):
+            size = None  # reported by the model path checks
+        largest = size.largest_numel if size is not None else None
+    try:
+        dp_size = placement("role", role).world_size
+    except ValueError:
+        return []  # reported by the role checks
+    nodes = ranks_per_node(cfg, role)
+    return nvme.buffer_problems(
+        ds,
+        field,
+        largest_numel=largest,
+        dp_size=dp_size,
+        dtype=role.model_args.dtype,
+        ranks_on_node=max(nodes) if nodes else dp_size,
+        host_bytes=nvme.host_memory_bytes(),
     )

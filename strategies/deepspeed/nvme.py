@@ -19,8 +19,14 @@ A role whose DeepSpeed config offloads to NVMe (``${deepspeed_zero3_nvme}``) nee
   ``num_gpus_per_node``; each rank counts the ranks whose ``nvme_path`` is on its own file
   system (host name and device number, gathered over the role's process group);
 - a file system that takes ``O_DIRECT`` (DeepSpeed opens its swap files with it), and that is
-  not memory: on tmpfs or ramfs "NVMe" is host memory, which the offload was meant to spare.
-  That works (tmpfs takes ``O_DIRECT`` since Linux 6.6), so it is a warning.
+  not memory: on tmpfs, ramfs or devtmpfs (``/dev``) "NVMe" is host memory, which the offload
+  was meant to spare.
+  That works (tmpfs takes ``O_DIRECT`` since Linux 6.6), so it is a warning. A directory
+  whose mode bits allow writing may still refuse files (root on sysfs, an ACL, NFS): a probe
+  file is created (and removed);
+- swap buffers that can work (``buffer_problems``): ``offload_param.buffer_size`` holds the
+  largest parameter's partition and the pinned buffers fit host memory; ``aio.block_size``
+  within 4 KiB..1 GiB.
 
 Light: no torch or DeepSpeed import (the sizes are read from the safetensors headers). The
 config's checks run these on the machine that validates (``deepspeed_run_problems`` in
@@ -48,7 +54,8 @@ from roll_ds.config.deepspeed import AUTO, nvme_paths, zero_stage
 logger = logging.getLogger(__name__)
 
 LIBAIO_PACKAGE = "libaio-dev"  # Debian/Ubuntu; libaio-devel on RHEL/Fedora, libaio on Arch
-MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+# memory, not disk: tmpfs and ramfs, and devtmpfs (what /dev is mounted as)
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # per trained parameter: fp32 master weight, Adam's exp_avg and exp_avg_sq, and the fp32 gradient
 # (the optimizer swapper writes gradients to NVMe too: tests/integration/test_zero3_nvme.py)
@@ -139,6 +146,23 @@ def _writable(directory: Path) -> bool:
     return os.access(directory, os.W_OK | os.X_OK)
 
 
+def _creation_problem(directory: Path, path: str, field: str) -> str | None:
+    """The problem when no file can be created in ``directory`` though its mode bits allow it
+    (a read-only or immutable directory seen by root, sysfs, an ACL, a network file system that
+    maps the user to nobody), found by creating one (removed); None when one can be."""
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".roll_ds_nvme_probe_")
+    except OSError as exc:
+        return (
+            f"{field}: {path}: no file can be created in {directory} ({exc.strerror or exc}), "
+            f"though it looks writable; choose a directory on a local NVMe drive this user can "
+            f"write to for {field}"
+        )
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
 def _direct_io(directory: Path) -> bool:
     """Whether files in ``directory`` open with ``O_DIRECT``, as DeepSpeed's async I/O opens
     its swap files (tmpfs refuses it before Linux 6.6, and so do some FUSE and network file
@@ -174,6 +198,9 @@ def path_problems(path: str, need_bytes: int, field: str) -> tuple[list[str], li
             f"{field}: {path} {what} for this user; choose a writable directory on a local NVMe "
             f"drive for {field}"
         ], []
+    refused = _creation_problem(base, path, field)
+    if refused:
+        return [refused], []
     kind = filesystem_type(str(base))
     if not _direct_io(base):
         return [
@@ -223,6 +250,71 @@ def _gather_disk_ids(mine: list[tuple[str, int]]) -> list[list[tuple[str, int]]]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return [[tuple(d) for d in ids] for ids in gathered]
+
+
+# aio.block_size, bytes per I/O request: DeepSpeed's default is 1 MiB (its ds_nvme_tune sweeps
+# 128 KiB to 8 MiB). Below a 4 KiB page O_DIRECT requests lose their alignment; above 1 GiB one
+# request nears Linux's cap on a single read or write (2 GiB less a page).
+AIO_BLOCK_RANGE = (4096, 2**30)
+
+
+def buffer_problems(
+    ds_config: Mapping[str, Any],
+    field: str,
+    *,
+    largest_numel: int | None,
+    dp_size: int,
+    dtype: str,
+    ranks_on_node: int,
+    host_bytes: int | None,
+) -> list[str]:
+    """An ``offload_param.buffer_size`` outside what can work, and an ``aio.block_size`` outside
+    a sane range, each naming the key and the range. ``buffer_size`` elements per swap buffer:
+    every parameter's partition must fit one (at least the largest parameter over ``dp_size``,
+    ``largest_numel`` None: unknown), and each rank pins ``buffer_count`` of them in host memory
+    (``host_bytes``, None: unknown), ``ranks_on_node`` ranks on the fullest node."""
+    problems = []
+    zero = ds_config.get("zero_optimization") or {}
+    param = zero.get("offload_param") or {}
+    size = param.get("buffer_size", AUTO) if param.get("device") == "nvme" else AUTO
+    if _is_number(size):
+        key = f"{field}.zero_optimization.offload_param.buffer_size"
+        count = param.get("buffer_count", 5)
+        count = count if _is_number(count) and count >= 1 else 1  # a bad one is reported
+        per_element = DTYPE_BYTES.get(dtype, 4) * count * max(ranks_on_node, 1)
+        low = -(-largest_numel // max(dp_size, 1)) if largest_numel else 1
+        high = host_bytes // per_element if host_bytes else None
+        if size < low or (high is not None and size > high):
+            span = f"[{low:,}, {high:,}]" if high is not None else f">= {low:,}"
+            problems.append(
+                f"{key}: {size:,.0f} elements is outside what can work, {span}: each parameter's "
+                f"partition must fit one buffer (the largest: {low:,} elements), and "
+                f"{max(ranks_on_node, 1)} rank(s) x buffer_count {count} buffers x "
+                f"{DTYPE_BYTES.get(dtype, 4)} bytes ({dtype}) are pinned in host memory"
+                + (f" ({_gib(host_bytes)} here)" if host_bytes else "")
+                + "; set it to auto (the largest partition) or a number in that range"
+            )
+    block = (ds_config.get("aio") or {}).get("block_size")
+    low, high = AIO_BLOCK_RANGE
+    if _is_number(block) and not low <= block <= high:
+        problems.append(
+            f"{field}.aio.block_size: {block:,.0f} bytes per I/O request is outside a sane range, "
+            f"[{low:,}, {high:,}] (DeepSpeed's default 1,048,576; its ds_nvme_tune measures the "
+            "best value for a drive)"
+        )
+    return problems
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _gib(n: int) -> str:

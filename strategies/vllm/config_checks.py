@@ -83,14 +83,29 @@ def model_len_problems(cfg: RLVRConfig, *, check_files: bool) -> list[str]:
             "lower prompt_length / response_length"
         ]
     path = cfg.actor_infer.model_args.model_name_or_path or cfg.pretrain
-    positions = _max_positions(path) if check_files else None
+    model_dir, where = _model_dir(path, check_files=check_files)
+    positions = _max_positions(model_dir) if model_dir is not None else None
     if positions is None or positions >= need:
         return []
     return [
         f"prompt_length + response_length: the longest sequence ({how} tokens), the rollout "
         f"engine's max_model_len, exceeds the model's max_position_embeddings {positions} "
-        f"({path}/config.json); lower prompt_length / response_length"
+        f"({where}); lower prompt_length / response_length"
     ]
+
+
+def _model_dir(path: str, *, check_files: bool) -> tuple[str | None, str]:
+    """The directory whose config.json the length check reads, and how a message names it: an
+    embedded model's shipped directory (package data: read whatever ``check_files`` says), a
+    local one only with ``check_files``; None where there is none to read."""
+    from roll_ds.models.shipped import EMBEDDED_PREFIX, resolve_embedded
+
+    if path.startswith(EMBEDDED_PREFIX):
+        try:
+            return resolve_embedded(path), f"{path}'s config.json"
+        except (ValueError, FileNotFoundError):
+            return None, path  # reported by the model path checks
+    return (path if check_files else None), f"{path}/config.json"
 
 
 def _max_positions(model_dir: str) -> int | None:

@@ -39,6 +39,12 @@ worker per tensor-parallel rank) without a limit of its own in some paths (vLLM'
 executor waits for its workers' READY message indefinitely). ``bounded_start`` stops those child
 processes once the bound passes, which turns the wait into vLLM's own start-up error, and raises
 ``TimeoutError`` naming the bound and how to raise it.
+
+Errors that cross Ray. An engine that refuses its arguments raises pydantic's
+``ValidationError`` from its config classes, which holds the rejected arguments
+(``pydantic_core.ArgsKwargs``) and does not pickle: Ray then reports only "... isn't
+serializable". ``plain_start_error`` turns such an error into a ``RuntimeError`` with vLLM's
+message, so the user reads why the engine refused.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import pickle
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -225,3 +232,17 @@ def bounded_start(timeout_s: float, what: str) -> Iterator[None]:
         timer.cancel()
     if fired.is_set():
         raise TimeoutError(message)
+
+
+def plain_start_error(exc: BaseException) -> RuntimeError | None:
+    """None when ``exc`` survives a pickle round trip (Ray carries it as it is); else a
+    ``RuntimeError`` carrying its type and message (module doc: vLLM's ``ValidationError``)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return None
+    except Exception:  # any pickling failure: TypeError, PicklingError, a failing __reduce__
+        return RuntimeError(
+            f"the vLLM engine refused its arguments ({type(exc).__name__}): {exc}. They come "
+            "from actor_infer.strategy_args.strategy_config and the pipeline's lengths "
+            "(prompt_length + response_length is its max_model_len unless that is set)"
+        )

@@ -58,6 +58,7 @@ from strategies.vllm.start import (
     bounded_start,
     cpu_scheduler_kwargs,
     model_runner_report_problems,
+    plain_start_error,
     vllm_api_problems,
     vllm_range,
 )
@@ -260,7 +261,13 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
         )
         timeout_s = float(os.environ.get(START_TIMEOUT_ENV, START_TIMEOUT_S))
         with bounded_start(timeout_s, f"tensor_parallel_size={self.tensor_parallel_size}"):
-            self.llm = vllm.LLM(**kwargs)
+            try:
+                self.llm = vllm.LLM(**kwargs)
+            except Exception as exc:  # what Ray cannot pickle would reach the user unread
+                plain = plain_start_error(exc)
+                if plain is None:
+                    raise
+                raise plain from None
         self._in_process = _engine_in_this_process(self.llm)
         self.model_runner = self._check_model_runner()
         logger.info(

@@ -30,6 +30,10 @@ for _name, _target in {
     # (cfg, *, check_files) DeepSpeed roles: ZeRO++ against device and nodes, NVMe offload
     # against libaio and the disk
     "deepspeed": "strategies.deepspeed.config_checks:deepspeed_run_problems",
+    # (cfg) what the DeepSpeed roles cannot do on cfg.device (ZeRO++ on cpu)
+    "deepspeed_device": "strategies.deepspeed.config_checks:deepspeed_device_problems",
+    # (cfg) what the rollout engine refuses on cfg.device (vLLM's seeded chunked prefill on cpu)
+    "rollout_device": "strategies.vllm.config_checks:seeded_sampling_problems",
     # (cfg, *, check_files) sequence_parallel_size: roles, strategies, world sizes, attention,
     # and the model's head counts
     "sequence_parallel": "strategies.deepspeed.sequence_parallel_checks:sequence_parallel_problems",

@@ -233,3 +233,13 @@ def test_a_judge_seed_is_checked_like_the_rollout_engine_one():
     ]
     # a reward role that generates nothing does not read its generating_args
     assert role_field_problems("rule", RewardConfig(generating_args=GeneratingArgs(seed=-1))) == []
+
+
+@pytest.mark.parametrize("bound", ["0.001", "9.9"])
+def test_a_call_timeout_no_call_can_meet(bound):
+    assert only(f"fault_tolerance.call_timeout_s={bound}") == (
+        f"fault_tolerance.call_timeout_s: must be >= 10 (seconds; below it no train step or "
+        f"scoring call can finish and every call would time out into a replacement or "
+        f"restart), got {bound}"
+    )
+    load_config("rlvr_lora_zero3", ["fault_tolerance.call_timeout_s=10"], check_files=False)

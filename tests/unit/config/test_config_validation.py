@@ -432,3 +432,31 @@ def test_async_generation_stream_mode():
     assert "lora_sync=merged" in msg
     stream = ["async_generation.mode=stream", "async_generation.max_staleness=2"]
     load_config("rlvr_lora_zero3", stream, check_files=False)
+
+
+def test_held_out_only_episodes_are_checked():
+    """Environment episodes in evaluation only (no training tags): the agentic checks still
+    run (they were skipped, and a tag naming no environment was accepted)."""
+    assert problems("val_env_manager.tags=[Nope]", "val_env_manager.num_env_groups=4") == [
+        "val_env_manager.tags: ['Nope'] are not in custom_envs (defined: none); add them there "
+        "or fix the tag"
+    ]
+    rows_only = "train_env_manager.tags=[]"  # the mixed config's rows, its held-out episodes
+    found = problems(
+        rows_only, "custom_envs.Calculator.max_tokens_per_step=0", config="rlvr_mixed_calculator"
+    )
+    assert found == ["custom_envs.Calculator.max_tokens_per_step: 0; must be >= 1"]
+    load_config("rlvr_mixed_calculator", [rows_only], check_files=False)
+
+
+def test_prompt_plus_response_beyond_an_embedded_models_positions():
+    """The same check for an ``embedded:`` model (its shipped config.json, 256 positions): it
+    was skipped, and vLLM's refusal reached the user as "ValidationError isn't serializable"
+    after every role had started."""
+    assert only("prompt_length=250") == (
+        "prompt_length + response_length: the longest sequence (prompt_length 250 + "
+        "response_length 8 = 258 tokens), the rollout engine's max_model_len, exceeds the "
+        "model's max_position_embeddings 256 (embedded:tiny-qwen2's config.json); lower "
+        "prompt_length / response_length"
+    )
+    load_config("rlvr_lora_zero3", ["prompt_length=248"], check_files=False)  # 256: fits

@@ -171,3 +171,32 @@ def test_correction_bounds_the_chosen_correction_does_not_read():
         "by icepop, geo_mask"
     ]
     assert warnings_for("algorithm.rollout_correction=seq_tis", "algorithm.tis_cap=3.0") == []
+
+
+def test_an_inherited_generation_cap_below_response_length(tmp_path, caplog):
+    """A parent that fixes ``max_new_tokens: 8`` and a child that raises ``response_length``:
+    every answer stopped at 8 tokens without a word."""
+    (tmp_path / "parent.yaml").write_text(
+        "defaults:\n  - rlvr_lora_zero3\n  - _self_\n"
+        "actor_infer:\n  generating_args:\n    max_new_tokens: 8\n"
+    )
+    (tmp_path / "child.yaml").write_text("defaults:\n  - parent\n  - _self_\nresponse_length: 24\n")
+    with caplog.at_level(logging.WARNING, logger="roll_ds.config.validate"):
+        found = validate(to_schema(compose_config("child", config_dir=tmp_path)), check_files=False)
+    assert found == [
+        "actor_infer.generating_args.max_new_tokens: 8 < response_length 24: every actor_infer "
+        "answer stops at 8 tokens though response_length allows 24. A fixed max_new_tokens is "
+        "inherited from the config this one derives from (its defaults) unless set again here "
+        "or on the command line; set actor_infer.generating_args.max_new_tokens: "
+        "${response_length} (or null) to follow response_length, or response_length: 8 if the "
+        "cap is meant"
+    ]
+    assert [r.getMessage() for r in caplog.records] == [f"config: {w}" for w in found]
+
+
+def test_a_held_out_cap_is_warned_too_and_episodes_budgets_are_not():
+    (line,) = warnings_for("validation.generating_args.max_new_tokens=4")
+    assert line.startswith("validation.generating_args.max_new_tokens: 4 < response_length 8")
+    assert warnings_for("validation.generating_args.max_new_tokens=4", "eval_steps=0") == []
+    # rows beside episodes: response_length is the episodes' budget, a row's cap is its own
+    assert warnings_for(config="rlvr_mixed_calculator") == []

@@ -1,6 +1,7 @@
 """ZeRO++ keys in a whole config: refused on CPU (validation for ``device: cpu``, the launch's
 platform decision for ``device: auto``) and, for hpZ, on one node or across nodes, before any
-actor starts. The pure checks are in test_deepspeed_config.py."""
+actor starts (for a local Ray, ``device: auto`` in validation: test_device_auto.py). The pure
+checks are in test_deepspeed_config.py."""
 
 from __future__ import annotations
 
@@ -53,10 +54,14 @@ def test_hpz_across_two_nodes():
     )
 
 
-def test_auto_device_resolved_to_cpu_refuses_zeropp_before_actors(monkeypatch):
+def test_auto_device_of_a_joined_cpu_cluster_refuses_zeropp_before_actors(monkeypatch):
     from roll_ds.distributed import resource_manager
 
-    cfg = _load("deepspeed_zero3.zero_optimization.zero_quantized_gradients=true")  # auto: later
+    # a cluster to join: its device is known once connected (a local Ray: test_device_auto.py)
+    cfg = _load(
+        "ray.address=ray://head:10001",
+        "deepspeed_zero3.zero_optimization.zero_quantized_gradients=true",
+    )
     monkeypatch.setattr(resource_manager.ray, "cluster_resources", lambda: {"CPU": 2.0})
     try:
         with pytest.raises(

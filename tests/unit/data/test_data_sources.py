@@ -326,3 +326,18 @@ def test_gsm8k_example_config_loads_its_sample():
     assert {r["domain"] for r in rows + held_out} == {"gsm8k"}
     assert all(r["ground_truth"].lstrip("-").isdigit() for r in rows + held_out)
     assert not {r["prompt"] for r in rows} & {r["prompt"] for r in held_out}
+
+
+def test_an_empty_ground_truth_names_the_file_and_the_row(tmp_path):
+    """Was accepted: every sample of such a row scored wrong, a constant zero reward."""
+    jsonl = _jsonl(
+        tmp_path / "tasks.jsonl",
+        [{"prompt": "1+1=", "ground_truth": "2"}, {"prompt": "2+2=", "ground_truth": " "}],
+    )
+    empty = "field 'ground_truth' is empty: no response matches an empty answer"
+    with pytest.raises(DatasetFormatError, match=rf"tasks\.jsonl:2: {empty}"):
+        load_rows(DataArgs(file_name=[str(jsonl)]))
+    path = _parquet(tmp_path / "math.parquet", [GSM8K, {"question": "q", "answer": ""}])
+    with pytest.raises(DatasetFormatError) as info:
+        load_rows(DataArgs(file_name=[str(path)], **{**GSM8K_ARGS, "answer_format": "raw"}))
+    assert f"{path}: row 1: field 'answer' is empty" in str(info.value)

@@ -213,27 +213,27 @@ def test_plan_cli_on_cpu_and_without_a_config(capsys):
 
 
 def _auto_cfg(*overrides: str):
+    """A ``device: auto`` config validated as for a joined cluster (its GPUs unknown until
+    it is connected): the device checks run at ``decide_run_platform``."""
     from roll_ds.config import load_config
 
-    return load_config("rlvr_lora_zero3", ["num_gpus_per_node=4", *overrides], check_files=False)
+    overrides = ["num_gpus_per_node=4", "ray.address=ray://head:10001", *overrides]
+    return load_config("rlvr_lora_zero3", overrides, check_files=False)
 
 
 def test_auto_on_gpus_refuses_a_partly_colocated_layout_before_any_actor():
     from roll_ds.config.validate import ConfigError
-    from roll_ds.distributed.resource_manager import _check_gpu_layout
+    from roll_ds.distributed.resource_manager import check_resolved_device
 
     cfg = _auto_cfg("actor_train.device_mapping=[0,1]", "actor_infer.device_mapping=[1,2]")
-    assert cfg.device == "auto"  # validation could not know these ids are GPUs
+    assert cfg.device == "auto"  # validation could not know the cluster's ids are GPUs
     with pytest.raises(ConfigError, match=r"weight_sync\.transport"):
-        _check_gpu_layout(cfg)
+        check_resolved_device(cfg, "cuda")
 
 
 def test_auto_on_gpus_accepts_colocated_and_separate_layouts():
-    from roll_ds.distributed.resource_manager import _check_gpu_layout
+    from roll_ds.distributed.resource_manager import check_resolved_device
 
-    _check_gpu_layout(
-        _auto_cfg("actor_train.device_mapping=[0,1]", "actor_infer.device_mapping=[0,1]")
-    )
-    _check_gpu_layout(
-        _auto_cfg("actor_train.device_mapping=[0,1]", "actor_infer.device_mapping=[2,3]")
-    )
+    for infer in ("[0,1]", "[2,3]"):
+        cfg = _auto_cfg("actor_train.device_mapping=[0,1]", f"actor_infer.device_mapping={infer}")
+        check_resolved_device(cfg, "cuda")

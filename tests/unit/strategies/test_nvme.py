@@ -10,6 +10,7 @@ import os
 import shutil
 import struct
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 
@@ -293,3 +294,79 @@ def test_disk_peers_counts_the_ranks_on_this_rank_s_disk(tmp_path, monkeypatch):
     others = [[here], [("another-host", here[1])], [(here[0], here[1] + 1)], [here]]
     monkeypatch.setattr(nvme, "_gather_disk_ids", lambda mine: others)
     assert nvme.disk_peers([str(tmp_path / "not" / "yet")]) == [2]
+
+
+def test_nvme_dir_that_looks_writable_but_takes_no_file(tmp_path, monkeypatch):
+    """Mode bits that allow writing do not mean a file can be created (root on sysfs, an ACL,
+    NFS mapping the user to nobody): validation creates one, and a refusal is a problem naming
+    the key, not a PermissionError traceback."""
+    if os.geteuid() == 0:  # root passes every mode check; sysfs still takes no new file
+        locked = Path("/sys/kernel")
+        if not os.access(locked, os.W_OK | os.X_OK):
+            pytest.skip("/sys/kernel is not writable by mode here")
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        monkeypatch.setattr(nvme, "_writable", lambda directory: True)  # what an ACL says
+    path = locked / "roll_ds_swap"
+    try:
+        with pytest.raises(ConfigError) as err:
+            _nvme_run(tmp_path, _at(path))
+    finally:
+        if locked.is_relative_to(tmp_path):
+            locked.chmod(0o755)
+    assert (
+        f"{FIELD}: {path}: no file can be created in {locked} (Permission denied), though it "
+        "looks writable; choose a directory on a local NVMe drive" in str(err.value)
+    )
+
+
+def test_nvme_path_under_dev_warns_it_is_memory(tmp_path, caplog):
+    if nvme.filesystem_type("/dev") != "devtmpfs" or not os.access("/dev", os.W_OK):
+        pytest.skip("/dev is not a writable devtmpfs here")
+    path = "/dev/roll_ds_nvme_test/swap"
+    with caplog.at_level(logging.WARNING):
+        _nvme_run(tmp_path, _at(path))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"{FIELD}: {path} is on devtmpfs, which is memory" in line for line in lines), lines
+    assert not os.path.exists("/dev/roll_ds_nvme_test")  # validation creates nothing there
+
+
+BUFFER = "zero_optimization.offload_param.buffer_size"
+
+
+def problems(*overrides: str) -> list[str]:
+    """The problems of the default config with ``overrides``, files not read (the embedded
+    model's sizes are package data and still are)."""
+    with pytest.raises(ConfigError) as err:
+        load_config("rlvr_lora_zero3", list(overrides), check_files=False)
+    return err.value.problems
+
+
+@pytest.mark.parametrize("size", ["1e15", "10"])
+def test_absurd_swap_buffer_size(size):
+    found = problems(
+        "actor_train.strategy_args.strategy_config=${deepspeed_zero3_nvme}",
+        f"deepspeed_zero3_nvme.{BUFFER}={size}",
+    )
+    embedded = nvme.model_size(resolve_embedded("embedded:tiny-qwen2"))
+    low = -(-embedded.largest_numel // 2)  # the largest parameter over actor_train's 2 ranks
+    (line,) = [p for p in found if BUFFER in p]
+    assert line.startswith(
+        f"actor_train.strategy_args.strategy_config.{BUFFER}: {float(size):,.0f} elements is "
+        f"outside what can work, [{low:,}, "
+    ), line
+    assert "set it to auto (the largest partition) or a number in that range" in line
+
+
+def test_absurd_aio_block_size():
+    found = problems(
+        "actor_train.strategy_args.strategy_config=${deepspeed_zero3_nvme}",
+        "deepspeed_zero3_nvme.aio.block_size=1000000000000",
+    )
+    assert found == [
+        "actor_train.strategy_args.strategy_config.aio.block_size: 1,000,000,000,000 bytes per "
+        "I/O request is outside a sane range, [4,096, 1,073,741,824] (DeepSpeed's default "
+        "1,048,576; its ds_nvme_tune measures the best value for a drive)"
+    ]

@@ -68,8 +68,10 @@ def test_validation_refuses_them_on_a_cpu_cluster():
     (problem,) = err.value.problems
     assert problem.startswith(f"{field}.enable_chunked_prefill: true")
     assert "remove enable_chunked_prefill" in problem
-    # device auto: the cluster decides, and a CPU engine refuses them when it starts
-    load_config("rlvr_lora_zero3", ["device=auto", *split], check_files=False)
+    # device auto joining a cluster: its resources decide at launch (a local Ray's device is
+    # known in validation: tests/unit/config/test_device_auto.py)
+    joined = ["device=auto", "ray.address=ray://head:10001"]
+    load_config("rlvr_lora_zero3", [*joined, *split], check_files=False)
     # a budget that holds a full step of sequences passes
     load_config(
         "rlvr_lora_zero3",

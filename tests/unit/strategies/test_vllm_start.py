@@ -16,6 +16,7 @@ from roll_ds.weight_sync.group import NCCL_BLOCKING_ENV, scoped_env
 from strategies.vllm.start import (
     START_TIMEOUT_ENV,
     bounded_start,
+    plain_start_error,
     version_problems,
     vllm_range,
 )
@@ -87,3 +88,30 @@ def test_nccl_blocking_wait_is_set_only_while_the_group_is_built():
         assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     finally:
         os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+
+
+def test_an_engine_error_ray_cannot_pickle_reaches_the_user_as_its_message():
+    """vLLM's config classes are pydantic dataclasses: a refused argument raises a
+    ``ValidationError`` holding the arguments (``ArgsKwargs``), which does not pickle, so Ray
+    showed only "isn't serializable". It becomes a RuntimeError with the message."""
+    import pickle
+
+    import pydantic
+
+    @pydantic.dataclasses.dataclass
+    class ModelConfig:  # vLLM's shape: a dataclass whose __post_init__ refuses a length
+        max_model_len: int
+
+        def __post_init__(self) -> None:
+            raise ValueError(f"User-specified max_model_len ({self.max_model_len}) is > 256")
+
+    with pytest.raises(pydantic.ValidationError) as info:
+        ModelConfig(max_model_len=300)
+    with pytest.raises(TypeError, match="ArgsKwargs"):
+        pickle.dumps(info.value)  # what Ray's RayTaskError tries
+    plain = plain_start_error(info.value)
+    assert isinstance(plain, RuntimeError)
+    message = str(pickle.loads(pickle.dumps(plain)))
+    assert message.startswith("the vLLM engine refused its arguments (ValidationError): ")
+    assert "User-specified max_model_len (300) is > 256" in message
+    assert plain_start_error(ValueError("plain")) is None  # Ray carries it as it is
