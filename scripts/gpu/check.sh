@@ -22,11 +22,13 @@
 #             GPU with nothing; DeepSpeed builds no CUDA op for it (torch's AdamW).
 #   pytest    python3 -m pytest -m gpu (tests needing vLLM skip with their reason); four
 #             xdist workers where pytest-xdist is installed
-#   nccl      scripts/gpu/nccl_check.py (~60 s): two processes on the GPU whose weight-sync
+#   nccl      scripts/gpu/nccl_check.py (~60-90 s): two processes on the GPU whose weight-sync
 #             group is made to time out, one with torch's NCCL env, one with roll_ds's device-rank
 #             env (TORCH_NCCL_DUMP_ON_TIMEOUT=0), each waiting past a shortened heartbeat window:
 #             whether it survives; and a join whose second member never comes (fails in its
-#             bound) and one that forms (communicator initialised at join). Skipped (rc 0) with
+#             bound) and one that forms (communicator initialised at join); a process holding
+#             16 GiB SIGKILLed and waited for as a replacement engine waits (its memory back
+#             before a new one starts). Skipped (rc 0) with
 #             the reason without a CUDA GPU; SKIP_NCCL=1 leaves it out
 #   runs_by_hand  the run again, SIGKILLed (its whole process group) once the first checkpoint
 #             is complete ("killed"), and resumed from it by hand ("resumed"), each only if it
@@ -121,8 +123,9 @@ if [ "${SKIP_PYTEST:-0}" != 1 ]; then
         --junitxml="$WORK/pytest.xml" tests
 fi
 # NCCL's answer to a timed-out weight-sync collective (dump-and-abort off in roll_ds's device
-# ranks) and the group's eager join, on the one GPU (scripts/gpu/nccl_check.py; ~60 s)
-[ "${SKIP_NCCL:-0}" != 1 ] && stage nccl 120 "$PYTHON" scripts/gpu/nccl_check.py "$WORK"
+# ranks), the group's eager join and a dead rank's GPU memory coming back, on the one GPU
+# (scripts/gpu/nccl_check.py; ~60-90 s)
+[ "${SKIP_NCCL:-0}" != 1 ] && stage nccl 180 "$PYTHON" scripts/gpu/nccl_check.py "$WORK"
 runs_stage runs_by_hand killed,resumed $((8 * RUN_TIMEOUT_S / 5))
 
 "$PYTHON" scripts/gpu/check.py report "$WORK" "$OUT/gpu_check.json"

@@ -1,5 +1,6 @@
 """The GPU check's ``nccl`` stage (scripts/gpu/check.sh): what one GPU shows of NCCL's answer to a
-weight-sync timeout and of the weight-sync group's join (issue 41, items 1, 2 and 4).
+weight-sync timeout, of the weight-sync group's join and of a dead rank's GPU memory coming back
+(issue 41, items 1, 2, 4 and 5).
 
     python scripts/gpu/nccl_check.py WORK      WORK/nccl.json; without a CUDA GPU: skipped, rc 0
 
@@ -16,6 +17,11 @@ survives and its first group still works.
 ``join``: a weight-sync group whose second member never comes fails the join within its timeout
 (the store rendezvous), and a group that formed has its communicator initialised when join
 returns (``ProcessGroupNCCL._is_initialized``), before any broadcast.
+
+``release``: a child holding ``HOLD_GIB`` of GPU memory is SIGKILLed, and
+``roll_ds.distributed.devices.wait_released`` waits until its pid holds nothing and free memory
+stopped rising (what a replacement engine waits for before it starts); the JSON has the free
+memory at the kill and when the wait returned, and how long it took.
 
 Each part runs in a child process of its own (``child ...``), bounded; the JSON holds their
 events, return codes and the tail of their stderr.
@@ -34,6 +40,7 @@ HEARTBEAT_S = 10  # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC in the watchdog children
 GROUP_TIMEOUT_S = 3.0  # the weight-sync group's timeout there
 SURVIVE_S = 3 * HEARTBEAT_S  # how long past the timeout a child waits before its last collective
 CHILD_TIMEOUT_S = 120.0
+HOLD_GIB = 16  # what the ``release`` child allocates (a vLLM engine's share is tens of GiB)
 DUMP = "TORCH_NCCL_DUMP_ON_TIMEOUT"
 
 
@@ -122,6 +129,52 @@ def child_join() -> None:
     group.close()
 
 
+def child_hold() -> None:
+    import torch
+
+    held = torch.empty(HOLD_GIB << 30, dtype=torch.uint8, device="cuda:0")
+    held.fill_(1)
+    torch.cuda.synchronize()
+    emit("holding", gib=HOLD_GIB)
+    time.sleep(CHILD_TIMEOUT_S)
+
+
+def release_check() -> dict:
+    """SIGKILL a process holding GPU memory, then ``wait_released`` as the replacement does."""
+    import signal
+
+    from roll_ds.distributed.devices import gpu_usage, visible_gpu_uuids, wait_released
+
+    uuids = visible_gpu_uuids()[:1]
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "child", "hold"], stdout=subprocess.PIPE, text=True
+    )
+    line = proc.stdout.readline() if proc.stdout else ""
+    holding = usage_before = None
+    if '"holding"' in line:
+        holding = json.loads(line)
+        usage_before = gpu_usage(uuids)
+    proc.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    at_kill = gpu_usage(uuids)
+    waited = wait_released(uuids, [proc.pid], 60.0)
+    proc.wait(10)
+
+    def free(usage):
+        return {u: use.free_mib for u, use in (usage or {}).items()}
+
+    return {
+        "holding": holding,
+        "pid_held_memory_before_kill": bool(
+            usage_before and any(proc.pid in use.pids for use in usage_before.values())
+        ),
+        "free_mib_before_kill": free(usage_before),
+        "free_mib_at_kill": free(at_kill),
+        "wait": waited,
+        "seconds_after_kill": round(time.monotonic() - killed_at, 2),
+    }
+
+
 def run_child(what: str, env: dict[str, str]) -> dict:
     started = time.monotonic()
     try:
@@ -184,7 +237,9 @@ def check() -> dict:
         out["watchdog_torch_default"] = torch_default.result()
         out["watchdog_roll_ds_env"] = ours.result()
     out["join"] = run_child("join", dict(os.environ))
+    out["release"] = release_check()
     out["ok"] = {
+        "released_before_replacement": out["release"]["wait"]["released"] is True,
         "roll_ds_env_survives": out["watchdog_roll_ds_env"]["survived"],
         "torch_default_ended": not out["watchdog_torch_default"]["survived"],
         "absent_member_fails_join": any(
@@ -197,7 +252,7 @@ def check() -> dict:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["child"]:
-        {"watchdog": child_watchdog, "join": child_join}[argv[1]]()
+        {"watchdog": child_watchdog, "join": child_join, "hold": child_hold}[argv[1]]()
         return 0
     work = Path(argv[0])
     work.mkdir(parents=True, exist_ok=True)
