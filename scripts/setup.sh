@@ -14,38 +14,31 @@ venv="${ROLL_DS_VENV:-.venv}"
 python="${PYTHON:-python3}"
 case "$flavour" in cpu|gpu) ;; *) echo "usage: bash scripts/setup.sh [cpu|gpu]" >&2; exit 2 ;; esac
 
-# libaio (headers and -laio) for DeepSpeed's async I/O op, which NVMe offload
-# (${deepspeed_zero3_nvme}) builds on first use. Before the up-to-date check: a container rebuilt
-# under an existing venv still gets it. Installed only as root with apt; elsewhere a message, and a
-# run asking for NVMe fails at validation naming the package.
-aio_pkg=libaio-dev
-if dpkg-query -W -f='${Status}' "$aio_pkg" 2>/dev/null | grep -q "ok installed"; then
-  :
-elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "roll_ds: installing $aio_pkg (DeepSpeed's async I/O op for NVMe offload)"
-  apt-get install -y -q "$aio_pkg" >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null && apt-get install -y -q "$aio_pkg" >/dev/null; } \
-    || echo "roll_ds: could not install $aio_pkg; NVMe offload will be refused until it is" >&2
-else
-  echo "roll_ds: $aio_pkg not installed (not root, or no apt): NVMe offload needs it" \
-    "(apt-get install $aio_pkg; libaio-devel on RHEL); everything else works without it"
-fi
-
-# bubblewrap (bwrap): the code sandbox's namespaces, minimal root and seccomp filter. The same way:
-# as root with apt, else a message; without it a code reward refuses to start (naming the package
-# and its network_isolation: best_effort opt-out).
-bwrap_pkg=bubblewrap
-if command -v bwrap >/dev/null; then
-  :
-elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "roll_ds: installing $bwrap_pkg (the code sandbox's isolation)"
-  apt-get install -y -q "$bwrap_pkg" >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null && apt-get install -y -q "$bwrap_pkg" >/dev/null; } \
-    || echo "roll_ds: could not install $bwrap_pkg; the code sandbox will refuse to start" >&2
-else
-  echo "roll_ds: $bwrap_pkg not installed (not root, or no apt): the code sandbox needs it" \
-    "(apt-get install $bwrap_pkg; dnf install $bwrap_pkg); everything else works without it"
-fi
+# Debian packages, before the up-to-date check (a container rebuilt under an existing venv still
+# gets them): installed only as root with apt; elsewhere a message naming the package, and only
+# the feature that needs it refuses to start, naming the package.
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
+debian_package() {  # PKG WHAT_FOR WITHOUT_IT
+  local pkg=$1 what=$2 without=$3
+  installed "$pkg" && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "roll_ds: installing $pkg ($what)"
+    apt-get install -y -q "$pkg" >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get install -y -q "$pkg" >/dev/null; } \
+      || echo "roll_ds: could not install $pkg; $without" >&2
+  else
+    echo "roll_ds: $pkg not installed (not root, or no apt): $what needs it" \
+      "(apt-get install $pkg); everything else works without it"
+  fi
+}
+# libaio (headers and -laio, libaio-devel on RHEL) for DeepSpeed's async I/O op, which NVMe
+# offload (${deepspeed_zero3_nvme}) builds on first use.
+debian_package libaio-dev "DeepSpeed's async I/O op for NVMe offload" \
+  "NVMe offload will be refused until it is"
+# bubblewrap (bwrap): the code sandbox's namespaces, minimal root and seccomp filter; without it a
+# code reward refuses to start, naming the package and its network_isolation: best_effort opt-out.
+command -v bwrap >/dev/null || debian_package bubblewrap "the code sandbox's isolation" \
+  "the code sandbox will refuse to start"
 
 stamp="$venv/.roll_ds_setup"
 want="$flavour $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"

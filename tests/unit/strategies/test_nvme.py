@@ -224,24 +224,7 @@ def test_nvme_path_must_be_a_path():
 def test_each_rank_checks_its_share_before_its_engine(tmp_path, monkeypatch):
     """A rank's built config (nvme_path resolved): room for its 1/dp_size share, or a
     ValueError naming the key."""
-    import yaml
-
-    from roll_ds.config.compose import PROJECT_ROOT
-    from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config
-
-    text = (PROJECT_ROOT / "examples" / "config" / "deepspeed_zero3_nvme.yaml").read_text()
-    built = build_deepspeed_config(
-        yaml.safe_load(text)["deepspeed_zero3_nvme"],
-        DeepSpeedInputs(
-            micro_batch_size=1,
-            gradient_accumulation_steps=1,
-            dp_size=2,
-            max_grad_norm=1.0,
-            dtype="bf16",
-            nvme_dir=str(tmp_path / "actor_train"),
-            largest_numel=100,
-        ),
-    )
+    built = _built_nvme_preset(tmp_path)
     size = nvme.ModelSize(numel=1000, largest_numel=100)
     share = (1000 * 2 + 1000 * 16) // 2  # bf16 parameters, full fine-tuning, half on this rank
     check = dict(size=size, trained_numel=None, dtype="bf16", dp_size=2)
@@ -255,24 +238,7 @@ def test_each_rank_checks_its_share_before_its_engine(tmp_path, monkeypatch):
 def test_ranks_of_one_node_need_room_for_all_their_shares(tmp_path, monkeypatch):
     """Both ranks of a 2-rank role swap onto the same disk (as the role's process group
     reports): the disk needs room for both shares, not one (the check counted one rank's)."""
-    import yaml
-
-    from roll_ds.config.compose import PROJECT_ROOT
-    from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config
-
-    text = (PROJECT_ROOT / "examples" / "config" / "deepspeed_zero3_nvme.yaml").read_text()
-    built = build_deepspeed_config(
-        yaml.safe_load(text)["deepspeed_zero3_nvme"],
-        DeepSpeedInputs(
-            micro_batch_size=1,
-            gradient_accumulation_steps=1,
-            dp_size=2,
-            max_grad_norm=1.0,
-            dtype="bf16",
-            nvme_dir=str(tmp_path / "actor_train"),
-            largest_numel=100,
-        ),
-    )
+    built = _built_nvme_preset(tmp_path)
     # the process group is the boundary: every rank reports the disk of its copy of each path
     monkeypatch.setattr(nvme, "_gather_disk_ids", lambda mine: [mine, mine], raising=False)
     size = nvme.ModelSize(numel=2**28, largest_numel=100)
@@ -370,3 +336,25 @@ def test_absurd_aio_block_size():
         "I/O request is outside a sane range, [4,096, 1,073,741,824] (DeepSpeed's default "
         "1,048,576; its ds_nvme_tune measures the best value for a drive)"
     ]
+
+
+def _built_nvme_preset(tmp_path):
+    """The NVMe preset as a rank of a 2-rank bf16 role builds it (nvme_path resolved)."""
+    import yaml
+
+    from roll_ds.config.compose import PROJECT_ROOT
+    from roll_ds.config.deepspeed import DeepSpeedInputs, build_deepspeed_config
+
+    text = (PROJECT_ROOT / "examples" / "config" / "deepspeed_zero3_nvme.yaml").read_text()
+    return build_deepspeed_config(
+        yaml.safe_load(text)["deepspeed_zero3_nvme"],
+        DeepSpeedInputs(
+            micro_batch_size=1,
+            gradient_accumulation_steps=1,
+            dp_size=2,
+            max_grad_norm=1.0,
+            dtype="bf16",
+            nvme_dir=str(tmp_path / "actor_train"),
+            largest_numel=100,
+        ),
+    )
