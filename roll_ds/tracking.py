@@ -59,6 +59,7 @@ class Tracker:
                 config=dict(config or {}),
                 id=self.run_id,
                 resume="allow",
+                dir=str(self.log_dir),  # W&B's own files with the run's, not in the launch dir
             )
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:

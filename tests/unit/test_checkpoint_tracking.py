@@ -508,7 +508,8 @@ def test_a_pipeline_resuming_latest_before_any_checkpoint_is_built(tmp_path):
 
 
 class _FakeWandb:
-    """``wandb`` at its boundary (not installed here): records every ``init``."""
+    """``wandb`` at its boundary (the pipeline-level tests below; the real one, offline, in
+    ``test_wandb_offline_runs_share_one_id``): records every ``init``."""
 
     def __init__(self) -> None:
         self.inits: list[dict] = []
@@ -588,3 +589,24 @@ def test_a_restart_from_step_0_goes_on_as_the_same_wandb_run(tmp_path, monkeypat
         tracker.close()
         ids.append(tracker.run_id)
     assert ids[0] == ids[1] and [i["id"] for i in fake.inits] == ids
+
+
+def test_wandb_offline_runs_share_one_id(tmp_path, monkeypatch):
+    """The real wandb, offline: a run and its resume (the id passed back) write their runs under
+    one id, which ``wandb sync`` uploads as one run; a fresh run gets an id of its own."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "out"
+    first = Tracker(out, tensorboard=False, wandb_project="p")
+    first.log({"reward": 0.5}, step=1)
+    first.close()
+    resumed = Tracker(out, tensorboard=False, wandb_project="p", resume_step=1, run_id=first.run_id)
+    resumed.log({"reward": 0.75}, step=2)
+    resumed.close()
+    fresh = Tracker(tmp_path / "other", tensorboard=False, wandb_project="p")
+    fresh.close()
+    runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.endswith(f"-{first.run_id}") for r in runs), runs
+    other = [p.name for p in (tmp_path / "other" / "wandb").glob("offline-run-*")]
+    assert len(other) == 1 and not other[0].endswith(f"-{first.run_id}")
