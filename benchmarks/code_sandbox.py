@@ -72,8 +72,10 @@ def main() -> None:
     }
     print(json.dumps(record))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    from roll_ds.host import with_host  # the host with the figures
+
     with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
+        json.dump(with_host(record), f, indent=1)
 
 
 if __name__ == "__main__":
