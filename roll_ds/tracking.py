@@ -80,7 +80,14 @@ class Tracker:
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
+            import wandb
+
             self._wandb.finish()
+            self._wandb = None
+            # finish() leaves W&B's service (wandb-core, a child process) running until this
+            # process exits: a pipeline shut down in a process that goes on (tests, benchmarks)
+            # would leave it behind
+            wandb.teardown()
 
 
 def new_run_id() -> str:

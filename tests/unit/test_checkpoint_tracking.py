@@ -1,3 +1,4 @@
+import contextlib
 import itertools
 import json
 import os
@@ -518,6 +519,9 @@ class _FakeWandb:
         self.inits.append(kwargs)
         return SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
 
+    def teardown(self) -> None:
+        self.teardowns = getattr(self, "teardowns", 0) + 1
+
 
 def test_a_resumed_run_goes_on_as_the_same_wandb_run(tmp_path, monkeypatch):
     """The first start makes a run id, every checkpoint keeps it, and a resume from one (by
@@ -610,3 +614,11 @@ def test_wandb_offline_runs_share_one_id(tmp_path, monkeypatch):
     assert len(runs) == 2 and all(r.endswith(f"-{first.run_id}") for r in runs), runs
     other = [p.name for p in (tmp_path / "other" / "wandb").glob("offline-run-*")]
     assert len(other) == 1 and not other[0].endswith(f"-{first.run_id}")
+    # closed trackers leave no W&B service behind (the session's leak check found one)
+    import psutil
+
+    left = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            left += [child.cmdline()] if "wandb" in child.name() else []
+    assert left == [], left
