@@ -22,12 +22,14 @@ instead of merging into them (``roll_ds/config/replace.py``):
 from __future__ import annotations
 
 import sys
+import time
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import roll_ds.config.store  # noqa: F401  (registers the typed schema with Hydra)
+from roll_ds import timeline
 from roll_ds.config import ConfigError, to_schema, validate
 from roll_ds.config.hints import hint_for_run
 from roll_ds.config.null_sections import guard_overrides
@@ -35,13 +37,17 @@ from roll_ds.config.paths import launch_dir_importable
 from roll_ds.config.replace import apply_replacements
 
 guard_overrides()  # an override into a null section: set whole, or an error naming it
+_IMPORTED = time.time()  # the start-up profile's first phase ends here (roll_ds/timeline.py)
 
 
 @hydra.main(config_path="examples/qwen_rlvr", config_name=None, version_base="1.3")
 def main(raw: DictConfig) -> None:
+    timeline.record("python + imports", timeline.process_started(), _IMPORTED)
+    timeline.record("compose", _IMPORTED, time.time())
     try:
-        cfg = to_schema(apply_replacements(raw, HydraConfig.get().overrides.task))
-        validate(cfg)
+        with timeline.phase("validate"):
+            cfg = to_schema(apply_replacements(raw, HydraConfig.get().overrides.task))
+            validate(cfg)
     except ConfigError as exc:
         print(f"roll_ds: {exc}", file=sys.stderr)
         sys.exit(2)

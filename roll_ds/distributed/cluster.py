@@ -31,6 +31,7 @@ from ray.actor import ActorClass, ActorHandle
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from roll_ds import timeline
 from roll_ds.distributed.dispatch import DispatchSpec, collect, dispatch_spec, split_call
 from roll_ds.distributed.errors import ClusterError, WorkerError, WorkerTimeoutError
 from roll_ds.distributed.resource_manager import ActorPlacement, ResourceManager
@@ -462,10 +463,14 @@ def _with_rank_env(cls: type) -> type:
         _roll_ds_env_defaults: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
+        # start-up profile (roll_ds/timeline.py): from the process's creation to here is
+        # Python, Ray's worker boot and the worker module's imports
+        timeline.record("boot", timeline.process_started(), time.time())
         os.environ.update(_roll_ds_env)
         for key, value in (_roll_ds_env_defaults or {}).items():
             os.environ.setdefault(key, value)
-        cls.__init__(self, *args, **kwargs)
+        with timeline.phase("__init__"):
+            cls.__init__(self, *args, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
 

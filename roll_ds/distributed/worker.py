@@ -32,6 +32,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from roll_ds import timeline
 from roll_ds.distributed.devices import visible_gpu_uuids
 from roll_ds.distributed.dispatch import Dispatch, register
 from roll_ds.log_noise import quiet_warnings
@@ -95,6 +96,9 @@ class Worker:
             # the physical GPUs, in device-index order: Ray ids are per node and renumbered
             "gpu_uuids": visible_gpu_uuids() if accelerators.get("GPU") else (),
             "num_threads": _torch_threads(),
+            # start-up profile (roll_ds/timeline.py): boot and __init__ so far
+            "timeline": timeline.drain(),
+            "libraries": timeline.loaded_libraries(),
         }
 
     @register(Dispatch.ALL)

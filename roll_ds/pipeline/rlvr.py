@@ -21,9 +21,11 @@ the trainers are ``loss_fns``.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
+from roll_ds import timeline
 from roll_ds.algorithms.turns import per_turn_advantages
 from roll_ds.checkpoint import LATEST, BestCheckpoint, CheckpointManager
 from roll_ds.config.estimators import needs_critic
@@ -70,6 +72,7 @@ from roll_ds.pipeline.startup import (
     reward_roles,
     strategy_context,
 )
+from roll_ds.pipeline.startup_report import StartupReport
 from roll_ds.pipeline.tasks import Tasks
 from roll_ds.tracking import ROLLOUTS_FILE, Tracker
 
@@ -98,9 +101,11 @@ class RLVRPipeline:
         self.old_logprobs = OldLogprobs.from_config(cfg)
         # Data and environments first: malformed rows and environments are reported before the
         # model is loaded or any actor starts.
-        self.model_dir = resolve_pretrain(cfg.pretrain)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.tasks = Tasks.load(cfg, self.tokenizer)
+        self.startup = StartupReport()  # the start-up profile (startup.json)
+        with timeline.phase("tokenizer and tasks"):
+            self.model_dir = resolve_pretrain(cfg.pretrain)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            self.tasks = Tasks.load(cfg, self.tokenizer)
         self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=cfg.keep_last)
         # A missing or partial checkpoint fails before any actor starts (`latest` with none yet
         # is a fresh start: _maybe_resume).
@@ -130,17 +135,21 @@ class RLVRPipeline:
         from roll_ds.distributed.ray_init import connect_from_config
 
         cfg = self.cfg
-        self.ray = connect_from_config(cfg)
+        with timeline.phase("ray.init"):
+            self.ray = connect_from_config(cfg)
         logger.info(self.ray.summary())
-        self.resources = reserve_resources(cfg, eval_only=eval_only)
+        with timeline.phase("placement"):
+            self.resources = reserve_resources(cfg, eval_only=eval_only)
         roles = model_roles(cfg, use_critic=self.use_critic, eval_only=eval_only)
         ctx = strategy_context(cfg, self.model_dir, self.tokenizer)
-        create_clusters(self.clusters, cfg, roles, self.resources, ctx, self._trained_roles)
+        create_clusters(
+            self.clusters, cfg, roles, self.resources, ctx, self._trained_roles, self.startup
+        )
         device_resource = self.resources.plan.device_resource
         self.colocation = choreography(
             cfg, self.clusters, device_resource, self.out_dir, eval_only=eval_only
         )
-        initialize_roles(self.clusters, self.colocation, [*roles, *reward_roles(cfg)])
+        initialize_roles(self.clusters, self.colocation, [*roles, *reward_roles(cfg)], self.startup)
         # Every worker is up and idle: the /dev/shm files its libraries made are there now, and
         # recorded even if the worker dies later (distributed/shm.py: the sweep at shutdown).
         for cluster in self.clusters.values():
@@ -238,9 +247,13 @@ class RLVRPipeline:
         bar = tqdm(range(start_step, cfg.max_steps), initial=start_step, total=cfg.max_steps)
         try:
             if start_step == 0 and cfg.eval_steps:
-                tracker.log({**self.evaluate(), **self.faults.metrics()}, step=0)
+                with timeline.phase("step-0 evaluation"):
+                    tracker.log({**self.evaluate(), **self.faults.metrics()}, step=0)
             for step in bar:
-                metrics = self.train_one_step(step)
+                with timeline.phase(f"step {step + 1}"):
+                    metrics = self.train_one_step(step)
+                if step == start_step:
+                    self.startup.write(self.out_dir, end=time.time())
                 done = step + 1
                 if cfg.eval_steps and (done % cfg.eval_steps == 0 or done == cfg.max_steps):
                     metrics.update(self.evaluate())

@@ -9,16 +9,19 @@ so ``shutdown`` releases whatever a failed start had already taken.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from roll_ds import timeline
 from roll_ds.config.checks.lengths import longest_sequence
 from roll_ds.config.deepspeed import role_nvme_dir
 from roll_ds.config.schema import RLVRConfig
 from roll_ds.pipeline.colocation.choreography import TRACE_FILE, Choreography, cluster_runner
 from roll_ds.pipeline.colocation.plan import ColocationPlan, plan_colocation
 from roll_ds.pipeline.passes import schedule_steps
+from roll_ds.pipeline.startup_report import StartupReport
 from roll_ds.strategy import StrategyContext
 from roll_ds.threads import role_threads
 
@@ -102,8 +105,10 @@ def create_clusters(
     resources: Any,
     ctx: StrategyContext,
     trained_roles: list[str],
+    report: StartupReport | None = None,
 ) -> None:
-    """Add a cluster of actors to ``clusters`` for every model role and reward role."""
+    """Add a cluster of actors to ``clusters`` for every model role and reward role (their
+    start phases into ``report``)."""
     from roll_ds.distributed.cluster import Cluster
     from roll_ds.pipeline.workers import RewardWorker
 
@@ -111,27 +116,35 @@ def create_clusters(
         cfg, on_cuda=resources.plan.device_resource == "GPU", plan=resources.plan
     )
     logger.info("threads per actor: %s", threads)
+    report = report or StartupReport()
     for name, cls in roles.items():
         role_cfg = getattr(cfg, name)
-        clusters[name] = Cluster(
-            name,
-            cls,
-            resources,
-            init_args=(role_cfg, role_context(cfg, ctx, name, trained_roles)),
-            env=role_cfg.system_envs,
-            num_threads=threads.get(name),
-            call_timeout_s=cfg.fault_tolerance.call_timeout_s,
-        )
+        report.role_asked(name, time.time())
+        with timeline.phase(f"start {name}"):
+            clusters[name] = Cluster(
+                name,
+                cls,
+                resources,
+                init_args=(role_cfg, role_context(cfg, ctx, name, trained_roles)),
+                env=role_cfg.system_envs,
+                num_threads=threads.get(name),
+                call_timeout_s=cfg.fault_tolerance.call_timeout_s,
+            )
+        report.add_ranks(name, clusters[name].infos)
     for name, reward_cfg in cfg.rewards.items():
-        clusters[f"rewards.{name}"] = Cluster(
-            f"rewards.{name}",
-            RewardWorker,
-            resources,
-            init_args=(reward_cfg, ctx),
-            env=reward_cfg.system_envs,
-            num_threads=threads.get(f"rewards.{name}"),
-            call_timeout_s=cfg.fault_tolerance.call_timeout_s,
-        )
+        role = f"rewards.{name}"
+        report.role_asked(role, time.time())
+        with timeline.phase(f"start {role}"):
+            clusters[role] = Cluster(
+                role,
+                RewardWorker,
+                resources,
+                init_args=(reward_cfg, ctx),
+                env=reward_cfg.system_envs,
+                num_threads=threads.get(role),
+                call_timeout_s=cfg.fault_tolerance.call_timeout_s,
+            )
+        report.add_ranks(role, clusters[role].infos)
 
 
 def choreography(
@@ -143,17 +156,26 @@ def choreography(
     return Choreography(plan, run=cluster_runner(clusters), trace_path=out_dir / TRACE_FILE)
 
 
-def initialize_roles(clusters: dict[str, Any], colocation: Choreography, roles: list[str]) -> None:
+def initialize_roles(
+    clusters: dict[str, Any],
+    colocation: Choreography,
+    roles: list[str],
+    report: StartupReport | None = None,
+) -> None:
     """Initialize ``roles`` stage by stage: roles that share the rollout engines' GPUs start
     after them (colocation/choreography.py: why); the reward roles load meanwhile. Bounded as
     start-up (at least the cluster's ``start_timeout_s``): a ``call_timeout_s`` lowered to
-    catch a stuck rank sooner must not fail a slow start (every role loads at once)."""
-    for stage in colocation.start_stages(roles):
-        pending = [clusters[n].submit("initialize") for n in stage]
-        for name, call in zip(stage, pending, strict=True):
-            cluster = call.cluster
-            ranks = call.get(max(cluster.call_timeout_s or 0.0, cluster.start_timeout_s))
-            log_started(name, ranks)
+    catch a stuck rank sooner must not fail a slow start (every role loads at once). The ranks'
+    phases go into ``report``."""
+    for i, stage in enumerate(colocation.start_stages(roles)):
+        with timeline.phase(f"initialize stage {i}", roles=list(stage)):
+            pending = [clusters[n].submit("initialize") for n in stage]
+            for name, call in zip(stage, pending, strict=True):
+                cluster = call.cluster
+                ranks = call.get(max(cluster.call_timeout_s or 0.0, cluster.start_timeout_s))
+                log_started(name, ranks)
+                if report is not None:
+                    report.add_ranks(name, ranks)
         colocation.started(stage)
 
 

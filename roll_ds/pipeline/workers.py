@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from roll_ds import timeline
 from roll_ds.config.schema import RewardConfig, WorkerConfig
 from roll_ds.distributed.batch import Batch
 from roll_ds.distributed.dispatch import Dispatch, register
@@ -44,10 +45,15 @@ class StrategyWorker(Worker):
     @register(Dispatch.ALL)
     def initialize(self) -> dict[str, Any]:
         cls = STRATEGIES.get(self.role_cfg.strategy_args.strategy_name)
-        self.strategy = cls.from_worker_config(self.role_cfg, self.ctx, **self.STRATEGY_KWARGS)
-        self.strategy.initialize()
+        with timeline.phase("initialize"):
+            self.strategy = cls.from_worker_config(self.role_cfg, self.ctx, **self.STRATEGY_KWARGS)
+            self.strategy.initialize()
         summary = getattr(self.strategy, "summary", None)  # logged by the driver (startup.py)
-        return {"rank": self.rank, **({"summary": summary()} if callable(summary) else {})}
+        return {
+            "rank": self.rank,
+            **({"summary": summary()} if callable(summary) else {}),
+            **started_profile(),
+        }
 
     @register(Dispatch.ALL)
     def close(self) -> None:
@@ -90,6 +96,12 @@ class StrategyWorker(Worker):
         ``tags``). Returns the device memory afterwards (``device_memory``)."""
         self.strategy.reload_states(**kwargs)
         return device_memory()
+
+
+def started_profile() -> dict[str, Any]:
+    """What ``initialize`` adds to its answer for the start-up profile (``roll_ds/timeline.py``):
+    the phases this process recorded since ``__init__`` and the heavy libraries it loaded."""
+    return {"timeline": timeline.drain(), "libraries": timeline.loaded_libraries()}
 
 
 def device_memory() -> dict[str, int] | None:
@@ -282,9 +294,10 @@ class RewardWorker(Worker):
         """Load the role's model (if any) and warm the rule functions up."""
         from roll_ds.rewards.model_reward import build_role_scorer
 
-        self.scorer = build_role_scorer(self.reward_cfg, self.ctx)
-        self.scorer.warmup()
-        return {"rank": self.rank}
+        with timeline.phase("initialize"):
+            self.scorer = build_role_scorer(self.reward_cfg, self.ctx)
+            self.scorer.warmup()
+        return {"rank": self.rank, **started_profile()}
 
     @register(Dispatch.ALL)
     def close(self) -> None:

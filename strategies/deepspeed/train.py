@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from roll_ds import timeline
 from roll_ds.config.deepspeed import offload_devices, zero_stage
 from roll_ds.config.schema import ModelArgs, TrainingArgs, WorkerConfig
 from roll_ds.models.loading import resolve_model_path
@@ -164,7 +165,8 @@ class DeepSpeedTrainStrategy(WeightsOut):
             self._initialize()
 
     def _initialize(self) -> None:
-        self.rank, self.world_size = _common.init_distributed(self.process_group_timeout_s)
+        with timeline.phase("init_process_group"):
+            self.rank, self.world_size = _common.init_distributed(self.process_group_timeout_s)
         self.device = _common.device()
         seed_everything(self.seed)
         self.model_path = resolve_model_path(self.model_path)
@@ -176,11 +178,15 @@ class DeepSpeedTrainStrategy(WeightsOut):
             dp_size=self.world_size,
             nvme_dir=self.nvme_dir,
         )
-        model = load_train_model(self.model_path, self.model_args, self.ds_config, head=self.head)
+        with timeline.phase("load model"):
+            model = load_train_model(
+                self.model_path, self.model_args, self.ds_config, head=self.head
+            )
         self._sp = SequenceParallel.setup(self.sequence_parallel_size, model)
-        self.engine, self.optimizer, self.lr_scheduler = build_engine(
-            model, self.ds_config, self.training_args, max_steps=self.max_steps
-        )
+        with timeline.phase("deepspeed.initialize"):
+            self.engine, self.optimizer, self.lr_scheduler = build_engine(
+                model, self.ds_config, self.training_args, max_steps=self.max_steps
+            )
         # a train forward with dropout is not the old policy's (train_step_with_old_logprobs)
         self._dropout_free = dropout_free(self.module)
         self._perf = TrainPerf.for_module(

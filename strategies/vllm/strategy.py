@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
+from roll_ds import timeline
 from roll_ds.config.plain import plain_dict
 from roll_ds.config.schema import GeneratingArgs, WorkerConfig
 from roll_ds.log_noise import quiet_vllm, vllm_log_env
@@ -240,7 +241,8 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
         from roll_ds.models.loading import resolve_model_path
 
         self.model_path = resolve_model_path(self.model_path)
-        import vllm
+        with timeline.phase("import vllm"):
+            import vllm
 
         problems = vllm_api_problems(platform.device_type)
         if problems:
@@ -260,7 +262,10 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
             max_model_len=self.default_max_model_len,
         )
         timeout_s = float(os.environ.get(START_TIMEOUT_ENV, START_TIMEOUT_S))
-        with bounded_start(timeout_s, f"tensor_parallel_size={self.tensor_parallel_size}"):
+        with (
+            bounded_start(timeout_s, f"tensor_parallel_size={self.tensor_parallel_size}"),
+            timeline.phase("vllm.LLM"),
+        ):
             try:
                 self.llm = vllm.LLM(**kwargs)
             except Exception as exc:  # what Ray cannot pickle would reach the user unread

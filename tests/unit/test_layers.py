@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "roll_ds.tracking",
             "roll_ds.checkpoint",
             "roll_ds.host",
+            "roll_ds.timeline",
         ),
     ),
     ("config", ("roll_ds.config", "roll_ds.platform")),
