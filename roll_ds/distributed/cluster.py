@@ -63,12 +63,16 @@ class Cluster:
         start_timeout_s: float = 300.0,
         call_timeout_s: float | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        wait: bool = True,
     ) -> None:
         """Start the role's actors and wait (bounded) until every rank answers.
 
         ``env``: the role's ``system_envs``. ``num_threads``: OMP/MKL/torch threads per actor;
         None: 1 for actors on CPU slots and CPU-only roles, else the CPUs the actor reserved.
         ``actor_options``: extra ``.options()`` for every actor (e.g. ``max_concurrency``).
+        ``wait=False``: return once the actors are asked for; ``wait_started()`` waits. Roles
+        started so boot at once (the pipeline's start-up), and calls sent meanwhile queue
+        behind each actor's ``__init__``.
         """
         self.placements = _role_placements(name, resource_manager, placements)
         self.name = name
@@ -86,7 +90,9 @@ class Cluster:
         self.incarnations = [0] * len(self.placements)
         device_resource = resource_manager.plan.device_resource if resource_manager else None
 
-        start = time.perf_counter()
+        self._started_at = time.perf_counter()
+        self.start_s: float | None = None  # until every rank answered (wait_started)
+        self._start_refs: list[ray.ObjectRef] = []
         self.master_node_id, self.master_addr, self.master_port = self._probe_master()
         rank_env = self._role_env(num_threads, device_resource)
         # The role's system_envs go through Ray's runtime_env, so they are set before the worker's
@@ -101,11 +107,26 @@ class Cluster:
             self._start_actors(
                 actor_cls, rank_env, runtime_env, init_args, init_kwargs or {}, self._actor_options
             )
-            self.infos = self._wait_started(start_timeout_s)
+            self._start_refs = [a._roll_info.remote() for a in self.actors]
         except BaseException:
             self.shutdown(close_timeout_s=0)  # nothing was built yet: no call to wait for
             raise
-        self.start_s = time.perf_counter() - start
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Until every rank's ``Worker.__init__`` returned (``infos`` filled), bounded by
+        ``start_timeout_s``; a rank that failed or is late raises, the role shut down."""
+        if self.start_s is not None:
+            return
+        try:
+            self.infos = self._gather(
+                "__init__", list(range(self.world_size)), self._start_refs, self.start_timeout_s
+            )
+        except BaseException:
+            self.shutdown(close_timeout_s=0)  # nothing was built yet: no call to wait for
+            raise
+        self.start_s = time.perf_counter() - self._started_at
 
     # --- starting ------------------------------------------------------------------------------
 
@@ -210,11 +231,6 @@ class Cluster:
         bounded by ``call_timeout_s``; never recovered (a new rank that dies stops)."""
         refs = [getattr(self.actors[r], method).remote(*args, **kwargs) for r in ranks]
         return self._gather(method, list(ranks), refs, self.call_timeout_s)
-
-    def _wait_started(self, timeout_s: float) -> list[dict[str, Any]]:
-        """Every rank's info once its ``Worker.__init__`` returned (bounded by ``timeout_s``)."""
-        refs = [a._roll_info.remote() for a in self.actors]
-        return self._gather("__init__", list(range(self.world_size)), refs, timeout_s)
 
     def _options(self, p: ActorPlacement, runtime_env: dict | None) -> dict[str, Any]:
         options = dict(p.options)

@@ -117,34 +117,25 @@ def create_clusters(
     )
     logger.info("threads per actor: %s", threads)
     report = report or StartupReport()
-    for name, cls in roles.items():
-        role_cfg = getattr(cfg, name)
+    # Every role's actors are asked for at once (not waited for here: initialize_roles): they
+    # boot in parallel, and their initialize calls queue behind their __init__.
+    starts = [
+        (name, cls, getattr(cfg, name), role_context(cfg, ctx, name, trained_roles))
+        for name, cls in roles.items()
+    ]
+    starts += [(f"rewards.{n}", RewardWorker, r, ctx) for n, r in cfg.rewards.items()]
+    for name, cls, role_cfg, role_ctx in starts:
         report.role_asked(name, time.time())
-        with timeline.phase(f"start {name}"):
-            clusters[name] = Cluster(
-                name,
-                cls,
-                resources,
-                init_args=(role_cfg, role_context(cfg, ctx, name, trained_roles)),
-                env=role_cfg.system_envs,
-                num_threads=threads.get(name),
-                call_timeout_s=cfg.fault_tolerance.call_timeout_s,
-            )
-        report.add_ranks(name, clusters[name].infos)
-    for name, reward_cfg in cfg.rewards.items():
-        role = f"rewards.{name}"
-        report.role_asked(role, time.time())
-        with timeline.phase(f"start {role}"):
-            clusters[role] = Cluster(
-                role,
-                RewardWorker,
-                resources,
-                init_args=(reward_cfg, ctx),
-                env=reward_cfg.system_envs,
-                num_threads=threads.get(role),
-                call_timeout_s=cfg.fault_tolerance.call_timeout_s,
-            )
-        report.add_ranks(role, clusters[role].infos)
+        clusters[name] = Cluster(
+            name,
+            cls,
+            resources,
+            init_args=(role_cfg, role_ctx),
+            env=role_cfg.system_envs,
+            num_threads=threads.get(name),
+            call_timeout_s=cfg.fault_tolerance.call_timeout_s,
+            wait=False,
+        )
 
 
 def choreography(
@@ -170,6 +161,11 @@ def initialize_roles(
     for i, stage in enumerate(colocation.start_stages(roles)):
         with timeline.phase(f"initialize stage {i}", roles=list(stage)):
             pending = [clusters[n].submit("initialize") for n in stage]
+            if i == 0:  # every role's actors were asked for at once (create_clusters)
+                for name in roles:
+                    clusters[name].wait_started()
+                    if report is not None:
+                        report.add_ranks(name, clusters[name].infos)
             for name, call in zip(stage, pending, strict=True):
                 cluster = call.cluster
                 ranks = call.get(max(cluster.call_timeout_s or 0.0, cluster.start_timeout_s))

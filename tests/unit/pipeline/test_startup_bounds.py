@@ -15,6 +15,11 @@ class FakeCluster:
     def __init__(self, call_timeout_s: float | None, start_timeout_s: float = 300.0) -> None:
         self.call_timeout_s, self.start_timeout_s = call_timeout_s, start_timeout_s
         self.waited: list[float | None] = []
+        self.infos: list[dict] = []
+        self.started = False
+
+    def wait_started(self) -> None:
+        self.started = True
 
     def submit(self, method: str):
         assert method == "initialize"
@@ -41,3 +46,4 @@ def test_initialize_waits_the_start_bound_or_the_call_bound_whichever_is_longer(
     assert clusters["actor_train"].waited == [300.0]
     assert clusters["reference"].waited == [3600.0]
     assert clusters["rewards.math"].waited == [120.0]
+    assert all(c.started for c in clusters.values())  # asked for at once, waited for here
