@@ -17,9 +17,11 @@ optimizer does not take fails at start naming it. Other section types keep DeepS
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -66,18 +68,42 @@ def build_engine(
     else:
         optimizer = build_optimizer(params, targs, ds_config)
         model_parameters = None
-    engine, optimizer, _, lr_scheduler = load_ops(  # an `optimizer` section builds its op here
-        lambda: deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            model_parameters=model_parameters,
-            lr_scheduler=scheduler,
-            config=ds_config,
-            dist_init_required=False,
-        ),
-        retry=False,
-    )
+    with skip_muon_import(ds_config):
+        engine, optimizer, _, lr_scheduler = load_ops(  # an `optimizer` section builds its op
+            lambda: deepspeed.initialize(
+                model=model,
+                optimizer=optimizer,
+                model_parameters=model_parameters,
+                lr_scheduler=scheduler,
+                config=ds_config,
+                dist_init_required=False,
+            ),
+            retry=False,
+        )
     return engine, optimizer, lr_scheduler
+
+
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+@contextlib.contextmanager
+def skip_muon_import(ds_config: Mapping[str, Any]) -> Iterator[None]:
+    """DeepSpeed's ZeRO check of the optimizer's type (``is_zero_supported_optimizer``) imports
+    its Muon optimizer to add it to the supported list, and that module compiles kernels at
+    import (``torch.compile`` decorators: torch._dynamo and inductor), 2-4 s of every trainer
+    rank's start on a 2-core box for a type our AdamW never is. Unless the config asks for Muon,
+    the import fails fast here (DeepSpeed takes ``ImportError`` as "Muon not installed") and is
+    possible again afterwards."""
+    kind = str((ds_config.get("optimizer") or {}).get("type", "")).lower()
+    if "muon" in kind or MUON_MODULE in sys.modules:
+        yield
+        return
+    sys.modules[MUON_MODULE] = None  # type: ignore[assignment]  # import -> ImportError
+    try:
+        yield
+    finally:
+        if MUON_MODULE in sys.modules and sys.modules[MUON_MODULE] is None:
+            del sys.modules[MUON_MODULE]
 
 
 def build_optimizer(

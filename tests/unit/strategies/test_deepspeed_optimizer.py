@@ -120,9 +120,40 @@ ENGINE = textwrap.dedent(
     opt = engine.basic_optimizer
     print(json.dumps({"type": type(opt).__name__, "lr": opt.defaults["lr"],
                       "betas": list(opt.defaults["betas"]), "eps": opt.defaults["eps"],
-                      "weight_decay": opt.param_groups[0]["weight_decay"]}))
+                      "weight_decay": opt.param_groups[0]["weight_decay"],
+                      "muon_imported": "deepspeed.runtime.zero.muon.muon_optimizer" in sys.modules,
+                      "zero_stage": engine.zero_optimization_stage()}))
     """
 )
+
+
+def build_in_subprocess(cfg: dict) -> dict:
+    env = {"PYTHONPATH": str(REPO), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", ENGINE, json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, **env},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_zero_engine_starts_without_importing_deepspeed_s_muon():
+    """ZeRO's optimizer-type check imports DeepSpeed's Muon module, which compiles kernels at
+    import (2-4 s of each trainer rank's start); our AdamW needs no such check
+    (``skip_muon_import``), and the check still accepts it."""
+    cfg = {
+        "zero_optimization": {"stage": 1},
+        "train_batch_size": 1,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+    }
+    got = build_in_subprocess(cfg)
+    assert got["type"] == "AdamW" and got["zero_stage"] == 1
+    assert got["muon_imported"] is False
 
 
 def test_deepspeed_builds_torch_adamw_from_the_section_when_fused_adam_cannot_build():
@@ -136,21 +167,13 @@ def test_deepspeed_builds_torch_adamw_from_the_section_when_fused_adam_cannot_bu
         "gradient_accumulation_steps": 1,
         "zero_allow_untested_optimizer": True,
     }
-    env = {"PYTHONPATH": str(REPO), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", ENGINE, json.dumps(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={**os.environ, **env},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = build_in_subprocess(cfg)
     assert got == {
         "type": "AdamW",
         "lr": 1e-3,
         "betas": [0.9, 0.95],
         "eps": 1e-8,
         "weight_decay": 0.1,
+        "muon_imported": False,
+        "zero_stage": 0,
     }
