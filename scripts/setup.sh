@@ -73,5 +73,15 @@ from transformers import Qwen2ForCausalLM  # noqa: F401  (fails if torchvision i
 print(f"roll_ds: torch {torch.__version__}, transformers {transformers.__version__}, "
       f"deepspeed {deepspeed.__version__}, ray {ray.__version__}, vllm {vllm.__version__}")
 PY
+if [ "$flavour" = cpu ]; then
+  # DeepSpeed's CPU shared-memory all-reduce op, which every trainer rank loads at start, JIT-built
+  # here once (g++, 1-2 minutes on 2 cores) into the extensions cache the runs read
+  # (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions): otherwise the first run after setup
+  # builds it inside its start-up, with its ranks waiting on the build's lock.
+  "$venv/bin/python" -c "
+from deepspeed.comm.torch import build_shm_op
+from strategies.deepspeed.ops import load_ops
+load_ops(build_shm_op)" 2>&1 | grep -v "Setting accelerator to CPU" || true
+fi
 echo "$want" > "$stamp"
 echo "roll_ds: environment ready in $venv ($flavour) after $(( $(date +%s) - start )) s"

@@ -27,15 +27,16 @@ if [ "$flavour" = gpu ] && ! nvidia-smi -L >/dev/null 2>&1; then
   flavour=cpu
 fi
 flavour="${ROLL_DS_FLAVOUR:-$flavour}"
-bash scripts/setup.sh "$flavour"
 venv="${ROLL_DS_VENV:-.venv}"
 # DeepSpeed's JIT-built ops (deepspeed_shm_comm at every trainer start, cpu_adam, ...) cached with
 # the venv they are built against. In the shared default cache a build records its venv's paths,
 # so two checkouts' venvs on one machine rebuild each op whenever the other used it last: the
 # ninja logs there showed cpu_adam rebuilt 9 times, 60-260 s each, alternating between 3 venvs,
-# each rebuild charged to whichever test started a trainer next.
-TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(cd "$venv" && pwd)/torch_extensions}"
+# each rebuild charged to whichever test started a trainer next. Set before the setup, which
+# builds deepspeed_shm_comm into it.
+TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(realpath -m "$venv")/torch_extensions}"
 export TORCH_EXTENSIONS_DIR
+bash scripts/setup.sh "$flavour"
 
 # The host first: CPUs differ between days in what they run (fp16/bf16/AMX kernels) and in speed,
 # and a run's log should say which one it had (roll_ds/host.py).
