@@ -37,10 +37,21 @@ _phases: list[dict[str, Any]] = []
 
 
 def process_started() -> float:
-    """When this process was created (``time.time()`` seconds), per the OS."""
-    import psutil
+    """When this process was created (``time.time()`` seconds), per the OS. On Linux from its
+    age in clock ticks (``/proc/self/stat`` against ``/proc/uptime``, one clock, 10 ms):
+    psutil's ``create_time`` adds that age to the boot time, which it has to the whole second,
+    so every phase measured from it came out up to 1 s long."""
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        started_ticks = int(after_name[19])  # field 22, starttime, in ticks since boot
+        return time.time() - (uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):  # not Linux
+        import psutil
 
-    return psutil.Process(os.getpid()).create_time()
+        return psutil.Process(os.getpid()).create_time()
 
 
 def record(name: str, start: float, end: float, **extra: Any) -> None:
