@@ -7,9 +7,14 @@ process and a second or two on small boxes). ``connect`` times ``ray.init``.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import signal
+import sys
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -105,3 +110,57 @@ def connect_from_config(cfg: RLVRConfig, *, log_to_driver: bool = True) -> RayCo
         namespace=ray_cfg.namespace,
         runtime_env={"env_vars": dict(cfg.system_envs)} if cfg.system_envs else None,
     )
+
+
+# Ray's warning when ray.init runs off the main thread: the handler it would set is set here.
+_SIGTERM_WARNING = "SIGTERM handler is not set because current thread is not the main thread"
+
+
+class _DropSigtermWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _SIGTERM_WARNING not in record.getMessage()
+
+
+def connect_in_background(cfg: RLVRConfig) -> Future[RayConnection]:
+    """``connect_from_config`` in a thread: a local ``ray.init`` spends its 4-5 s mostly
+    waiting for the processes it starts (GCS, raylet, agents), and the driver meanwhile imports
+    the pipeline and loads its tokenizer and tasks (about as long). ``result()`` is the
+    connection, or raises what ``connect_from_config`` raised.
+
+    The thread stays alive until ``release_background()``: Ray starts its processes with
+    ``PR_SET_PDEATHSIG``, which Linux fires when the *thread* that forked them ends, so a thread
+    that returned after ``ray.init`` took the GCS down with it. Call this from the main thread:
+    Ray sets its SIGTERM handler (exit) only there, so the same handler is set here, and Ray's
+    warning that it did not set it is dropped. The run stops a Ray it started either way
+    (``launch.stop_local_ray``), also when bad input ends it before the pipeline starts."""
+    import ray._private.worker as ray_worker
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        sys.exit(signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    ray_worker.logger.addFilter(_DropSigtermWarning())
+    future: Future[RayConnection] = Future()
+    _release.clear()
+
+    def hold() -> None:
+        from roll_ds import timeline
+
+        try:
+            with timeline.phase("ray.init (in the background)"):
+                future.set_result(connect_from_config(cfg))
+        except BaseException as exc:
+            future.set_exception(exc)
+            return
+        _release.wait()  # Ray's processes die with this thread (PR_SET_PDEATHSIG)
+
+    threading.Thread(target=hold, name="ray-init", daemon=True).start()
+    return future
+
+
+_release = threading.Event()
+
+
+def release_background() -> None:
+    """Let ``connect_in_background``'s thread end (after ``ray.shutdown``)."""
+    _release.set()

@@ -20,18 +20,23 @@ def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
     is not used) and the run resumes from its latest checkpoint, up to
     ``fault_tolerance.max_trainer_restarts`` times (``restarts.py``: which failures, and what
     they cost). Ray stays up between attempts."""
+    from roll_ds.distributed.ray_init import connect_in_background
     from roll_ds.pipeline.restarts import TrainerRestarts
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     restarts = TrainerRestarts(cfg)
     checkpoints = Path(cfg.output_dir) / cfg.exp_name / "checkpoints"  # RLVRPipeline's
     ray_connection = None
+    # Ray starts while the driver builds the pipeline (its imports, tokenizer and tasks).
+    connecting = connect_in_background(cfg)
     try:
         while True:
             pipeline = _build(restarts.next_config(checkpoints), restarts)
             started, held = False, {}
             try:
-                pipeline.start()  # inside the try: a start-up that fails (or a Ctrl-C) tears down
+                # inside the try: a start-up that fails (or a Ctrl-C) tears down
+                pipeline.start(connection=connecting)
+                connecting = None  # a restart finds Ray up
                 started = True
                 rows = pipeline.run()
                 break
@@ -44,12 +49,22 @@ def run_pipeline(cfg: RLVRConfig) -> list[dict[str, float]]:
                 pipeline.shutdown()
             _wait_released(held)
     finally:
+        if ray_connection is None and connecting is not None:  # bad input, found meanwhile
+            ray_connection = _connected(connecting)
         stop_local_ray(ray_connection)
     _summarise(rows, pipeline.out_dir, getattr(pipeline, "exported", None))
     return rows
 
 
 RELEASE_TIMEOUT_S = 60.0
+
+
+def _connected(connecting):
+    """The background connection once it is done (None if it failed): what to stop."""
+    try:
+        return connecting.result()
+    except Exception:  # its error is not the run's: the run already failed otherwise
+        return None
 
 
 def _wait_released(held: dict[str, float]) -> None:
@@ -79,10 +94,13 @@ def stop_local_ray(connection) -> None:
     not at interpreter exit, where a Ctrl-C or an exception can leave them running. A Ray
     cluster the run joined (``ray.address``) stays up for its other users. ``connection``: the
     ``RayConnection`` of the run's first start (a restart finds Ray up and started nothing)."""
+    from roll_ds.distributed.ray_init import release_background
+
     if connection is not None and connection.started_local:
         import ray
 
         ray.shutdown()
+    release_background()
 
 
 def _summarise(rows: list[dict[str, float]], out_dir, exported: os.PathLike | None = None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -129,14 +130,15 @@ class RLVRPipeline:
 
     # --- start-up --------------------------------------------------------------------------
 
-    def start(self, *, eval_only: bool = False) -> None:
+    def start(self, *, eval_only: bool = False, connection: Future | None = None) -> None:
         """Start every role's actors. ``eval_only`` (``python -m roll_ds.evaluate``): only the
-        rollout engines and the reward roles, serving the loaded model as the current policy."""
+        rollout engines and the reward roles, serving the loaded model as the current policy.
+        ``connection``: a Ray connection under way (``ray_init.connect_in_background``)."""
         from roll_ds.distributed.ray_init import connect_from_config
 
         cfg = self.cfg
-        with timeline.phase("ray.init"):
-            self.ray = connect_from_config(cfg)
+        with timeline.phase("ray.init" if connection is None else "wait for ray.init"):
+            self.ray = connection.result() if connection is not None else connect_from_config(cfg)
         logger.info(self.ray.summary())
         with timeline.phase("placement"):
             self.resources = reserve_resources(cfg, eval_only=eval_only)

@@ -199,8 +199,10 @@ class FakePipeline:
         self.out_dir = Path(cfg.output_dir) / cfg.exp_name
         self.ray = SimpleNamespace(started_local=False)
 
-    def start(self) -> None:
-        self.log.append(("start", self.cfg.resume_from_checkpoint))
+    def start(self, connection=None) -> None:
+        # the first attempt gets the Ray connection started beside the build; a restart finds
+        # Ray up
+        self.log.append(("start", self.cfg.resume_from_checkpoint, connection is not None))
 
     def run(self):
         manager = CheckpointManager(self.out_dir / "checkpoints")
@@ -214,9 +216,24 @@ class FakePipeline:
         self.log.append(("shutdown",))
 
 
+def no_ray(monkeypatch) -> None:
+    """The Ray connection run_pipeline starts in the background: one that started nothing."""
+    from concurrent.futures import Future
+
+    from roll_ds.distributed import ray_init
+
+    def connecting(cfg):
+        done: Future = Future()
+        done.set_result(SimpleNamespace(started_local=False))
+        return done
+
+    monkeypatch.setattr(ray_init, "connect_in_background", connecting)
+
+
 def run_with_failures(monkeypatch, cfg, failures: list) -> tuple[list, TrainerRestarts | None]:
     log: list = []
     seen: dict = {}
+    no_ray(monkeypatch)
 
     def build(attempt_cfg, restarts):
         seen["restarts"] = restarts
@@ -231,7 +248,7 @@ def run_with_failures(monkeypatch, cfg, failures: list) -> tuple[list, TrainerRe
 def test_the_loop_tears_down_each_attempt_and_resumes_the_next(monkeypatch, tmp_path):
     cfg = config(tmp_path)
     log, restarts = run_with_failures(monkeypatch, cfg, [died("actor_train"), None])
-    assert log == [("start", None), ("shutdown",), ("start", "latest"), ("shutdown",)]
+    assert log == [("start", None, True), ("shutdown",), ("start", "latest", False), ("shutdown",)]
     assert restarts.count == 1
 
 
@@ -244,11 +261,12 @@ def test_the_loop_gives_up_after_the_limit_and_still_tears_down(monkeypatch, tmp
 
 def test_the_loop_does_not_restart_a_driver_bug(monkeypatch, tmp_path):
     log: list = []
+    no_ray(monkeypatch)
     monkeypatch.setattr(launch, "_build", lambda c, r: FakePipeline(c, KeyError("x"), log))
     monkeypatch.setattr(launch.logging, "basicConfig", lambda **_: None)
     with pytest.raises(KeyError):
         launch.run_pipeline(config(tmp_path))
-    assert log == [("start", None), ("shutdown",)]
+    assert log == [("start", None, True), ("shutdown",)]
 
 
 # --- a checkpoint that fails to load is never restarted: a restart loads the same files --------
@@ -324,8 +342,33 @@ def test_the_loop_stops_at_a_checkpoint_that_fails_to_load(monkeypatch, tmp_path
         attempts.append(attempt_cfg)
         return FakePipeline(attempt_cfg, damaged, log)
 
+    no_ray(monkeypatch)
     monkeypatch.setattr(launch, "_build", build)
     monkeypatch.setattr(launch.logging, "basicConfig", lambda **_: None)
     with pytest.raises(CheckpointError):
         launch.run_pipeline(config(tmp_path, restarts=2))
-    assert len(attempts) == 1 and log == [("start", None), ("shutdown",)]
+    assert len(attempts) == 1 and log == [("start", None, True), ("shutdown",)]
+
+
+def test_bad_input_found_while_ray_starts_still_stops_that_ray(monkeypatch, tmp_path):
+    """Ray starts in the background while the pipeline is built; bad input ends the run there
+    (``_build`` exits 2), and the Ray started meanwhile is waited for and stopped."""
+    from concurrent.futures import Future
+
+    from roll_ds.distributed import ray_init
+
+    started = SimpleNamespace(started_local=True)
+    done: Future = Future()
+    done.set_result(started)
+    monkeypatch.setattr(ray_init, "connect_in_background", lambda cfg: done)
+    stopped: list = []
+    monkeypatch.setattr(launch, "stop_local_ray", stopped.append)
+
+    def bad_input(attempt_cfg, restarts):
+        raise SystemExit(2)
+
+    monkeypatch.setattr(launch, "_build", bad_input)
+    monkeypatch.setattr(launch.logging, "basicConfig", lambda **_: None)
+    with pytest.raises(SystemExit):
+        launch.run_pipeline(config(tmp_path))
+    assert stopped == [started]
