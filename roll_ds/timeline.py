@@ -34,6 +34,7 @@ HEAVY_LIBRARIES = ("torch", "transformers", "deepspeed", "vllm", "peft", "ray")
 
 _lock = threading.Lock()
 _phases: list[dict[str, Any]] = []
+_recording = True
 
 
 def process_started() -> float:
@@ -55,9 +56,18 @@ def process_started() -> float:
 
 
 def record(name: str, start: float, end: float, **extra: Any) -> None:
-    """A phase that ran from ``start`` to ``end`` (``time.time()`` seconds) in this process."""
+    """A phase that ran from ``start`` to ``end`` (``time.time()`` seconds) in this process
+    (nothing once ``stop()`` was called: the per-step phases of a long run are not kept)."""
     with _lock:
-        _phases.append({"name": name, "start": start, "end": end, **extra})
+        if _recording:
+            _phases.append({"name": name, "start": start, "end": end, **extra})
+
+
+def stop() -> None:
+    """Record nothing more in this process (the start-up is over and reported)."""
+    global _recording
+    with _lock:
+        _recording = False
 
 
 @contextlib.contextmanager

@@ -378,9 +378,11 @@ class RLVRPipeline:
     def evaluate(self) -> dict[str, float]:
         """The held-out tasks played by the trainer's current policy (``evaluation.py``): the
         engines are synced first if they lag (that sync's metrics as ``eval/sync/*``)."""
-        synced = self.sync_weights()
+        with timeline.phase("evaluation: sync"):  # the start-up profile's step 0
+            synced = self.sync_weights()
         self.colocation.enter(GENERATE, self.policy_version)
-        metrics = evaluate_policy(self.rollouts)
+        with timeline.phase("evaluation: play and score"):
+            metrics = evaluate_policy(self.rollouts)
         metrics.update({f"eval/{k}": v for k, v in synced.items()})
         return metrics
 

@@ -89,6 +89,7 @@ class StartupReport:
             return None
         _written = True
         report = self.build(end)
+        timeline.stop()  # the later steps' phases are not the start-up's
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out_dir / f".{STARTUP_FILE}.tmp"
         tmp.write_text(json.dumps(report, indent=1))

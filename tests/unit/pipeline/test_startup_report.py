@@ -19,6 +19,7 @@ from roll_ds.pipeline.startup_report import STARTUP_FILE, StartupReport, summary
 def fresh(monkeypatch):
     timeline.drain()
     monkeypatch.setattr(startup_report, "_written", False)
+    monkeypatch.setattr(timeline, "_recording", True)
     yield
     timeline.drain()
 
@@ -77,3 +78,6 @@ def test_ranks_phases_are_relative_to_the_launch_and_boot_starts_when_asked(tmp_
     # once per process: a restarted attempt does not overwrite the launch's profile
     assert report.write(tmp_path, end=t0 + 99.0) is None
     assert json.loads((tmp_path / STARTUP_FILE).read_text())["launch_to_first_step_s"] == 10.0
+    with timeline.phase("step 2"):  # the start-up is reported: later phases are not kept
+        pass
+    assert timeline.drain() == []
