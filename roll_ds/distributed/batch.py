@@ -13,13 +13,23 @@ no rows) and, with ``even=True``, a length that ``n`` does not divide.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-Index = int | slice | Sequence[int] | torch.Tensor | np.ndarray
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where tensors are handled, not with the module: a batch of texts (what a
+# reward worker gets and returns) travels to and from a process that never imports torch.
+Index = "int | slice | Sequence[int] | torch.Tensor | np.ndarray"
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")  # a tensor exists only where torch was imported
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def object_array(values: Iterable[Any]) -> np.ndarray:
@@ -95,6 +105,7 @@ class Batch:
 
     def equals(self, other: Batch) -> bool:
         """Same columns, values and meta (tensors compared exactly)."""
+        torch = sys.modules.get("torch")  # tensor columns exist only where torch is imported
         return (
             self.tensors.keys() == other.tensors.keys()
             and all(torch.equal(v, other.tensors[k]) for k, v in self.tensors.items())
@@ -116,14 +127,15 @@ class Batch:
             t_idx: Any = idx
             n_idx: Any = idx
         else:
-            as_np = idx.cpu().numpy() if isinstance(idx, torch.Tensor) else np.asarray(idx)
+            as_np = idx.cpu().numpy() if _is_tensor(idx) else np.asarray(idx)
             if as_np.dtype == bool:
                 as_np = np.nonzero(as_np)[0]
             as_np = as_np.astype(np.int64).reshape(-1)
-            t_idx, n_idx = torch.from_numpy(as_np), as_np
+            n_idx = as_np
+            t_idx = _torch().from_numpy(as_np) if self.tensors else None
         return Batch(
             {
-                k: v[t_idx.to(v.device) if isinstance(t_idx, torch.Tensor) else t_idx]
+                k: v[t_idx.to(v.device) if _is_tensor(t_idx) else t_idx]
                 for k, v in self.tensors.items()
             },
             {k: v[n_idx] for k, v in self.non_tensors.items()},
@@ -213,8 +225,15 @@ class Batch:
         for b in batches:
             for k, v in b.meta.items():
                 meta.setdefault(k, v)
+        cat = _torch().cat if first.tensors else None
         return Batch(
-            {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
+            {k: cat([b.tensors[k] for b in batches]) for k in first.tensors},
             {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors},
             meta,
         )
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch

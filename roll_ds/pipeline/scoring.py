@@ -49,7 +49,7 @@ def score_rows(
         calls.append((mine, clusters[f"rewards.{role}"].submit("score", part)))
     for mine, call in calls:
         out = call.get()
-        scores[mine] = out["scores"]
+        scores[mine] = torch.tensor([float(x) for x in out["scores"]], dtype=scores.dtype)
         for i, info in zip(mine, out["reward_info"], strict=True):
             infos[i] = info
     for episode, score, info, text in zip(episodes, scores.tolist(), infos, texts, strict=True):

@@ -314,9 +314,7 @@ class RewardWorker(Worker):
             for p, g in zip(batch["prompt"], batch["ground_truth"], strict=True)
         ]
         result = self.scorer.score(rows, list(batch["response_text"]))
-        import torch
-
-        return Batch(
-            {"scores": torch.tensor(result["scores"], dtype=torch.float32)},
-            {"reward_info": result["infos"]},
-        )
+        # plain floats: a rule-based reward process never imports torch (its start is ~2 s
+        # less CPU); the driver makes them a tensor (pipeline/scoring.py)
+        scores = [float(x) for x in result["scores"]]
+        return Batch(non_tensors={"scores": scores, "reward_info": result["infos"]})

@@ -8,6 +8,7 @@ through vLLM's multiprocess engine (the GPU path's process boundary, on CPU); tw
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -72,6 +73,30 @@ def test_pipeline_runs_and_reports(straight: Path):
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (run_dir / "rollouts.jsonl").stat().st_size > 0
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000004"
+    assert_startup_profile(json.loads((run_dir / "startup.json").read_text()))
+
+
+def assert_startup_profile(profile: dict) -> None:
+    """The run's start-up profile (roll_ds/pipeline/startup_report.py): every role's ranks with
+    their phases, each role having imported only what it uses."""
+    roles = profile["roles"]
+    assert sorted(roles) == ["actor_infer", "actor_train", "rewards.math", "rewards.reverse"]
+    assert [r["rank"] for r in roles["actor_train"]] == [0, 1]
+    for role, ranks in roles.items():
+        for rank in ranks:
+            names = [p["name"] for p in rank["phases"]]
+            assert names[:3] == ["boot", "__init__", "initialize"], (role, names)
+            assert all(
+                p["start"] <= p["end"] <= profile["launch_to_first_step_s"] for p in rank["phases"]
+            )
+    libraries = {role: set(ranks[0]["libraries"]) for role, ranks in roles.items()}
+    assert "vllm" in libraries["actor_infer"] and "deepspeed" not in libraries["actor_infer"]
+    assert "deepspeed" in libraries["actor_train"] and "vllm" not in libraries["actor_train"]
+    for role in ("rewards.math", "rewards.reverse"):  # rule-based rewards: no tensor library
+        assert not libraries[role] & {"torch", "vllm", "deepspeed", "transformers"}, role
+    driver = [p["name"] for p in profile["driver"]]
+    for name in ("validate", "placement", "initialize stage 0", "step-0 evaluation", "step 1"):
+        assert name in driver, (name, driver)
 
 
 # Slow (CI keeps the kill -9 / resume of the synchronous path in test_mixed_pipeline.py, where
