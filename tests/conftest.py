@@ -55,3 +55,30 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("tiny_qwen2")
     model.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cached_compose():
+    """Hydra composes a shipped config in about 0.25 s, and the tests compose the same few
+    (config, overrides) pairs hundreds of times: each pair is composed once per session and
+    every caller gets its own deep copy. Only the shipped configs (``config_dir=None``): a test's
+    own directory may change between calls. What ``load_config`` does after composing (the
+    schema, the validation) still runs every time, and a compose that fails is not cached."""
+    import copy
+
+    from roll_ds.config import compose
+
+    original = compose.compose_config
+    cache: dict = {}
+
+    def cached(config_name, overrides=None, config_dir=None, *, replace=True):
+        if config_dir is not None:
+            return original(config_name, overrides, config_dir, replace=replace)
+        key = (config_name, tuple(overrides or ()), replace)
+        if key not in cache:
+            cache[key] = original(config_name, overrides, None, replace=replace)
+        return copy.deepcopy(cache[key])
+
+    compose.compose_config = cached
+    yield cache
+    compose.compose_config = original
