@@ -44,8 +44,9 @@ class StrategyWorker(Worker):
 
     @register(Dispatch.ALL)
     def initialize(self) -> dict[str, Any]:
-        cls = STRATEGIES.get(self.role_cfg.strategy_args.strategy_name)
         with timeline.phase("initialize"):
+            with timeline.phase("import strategy"):  # the backend's module and its libraries
+                cls = STRATEGIES.get(self.role_cfg.strategy_args.strategy_name)
             self.strategy = cls.from_worker_config(self.role_cfg, self.ctx, **self.STRATEGY_KWARGS)
             self.strategy.initialize()
         summary = getattr(self.strategy, "summary", None)  # logged by the driver (startup.py)
