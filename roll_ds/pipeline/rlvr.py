@@ -379,10 +379,13 @@ class RLVRPipeline:
         """The held-out tasks played by the trainer's current policy (``evaluation.py``): the
         engines are synced first if they lag (that sync's metrics as ``eval/sync/*``)."""
         with timeline.phase("evaluation: sync"):  # the start-up profile's step 0
-            synced = self.sync_weights()
+            # the parity probe rides on the evaluation's first generate call, as on a step's
+            # rollout (parity mode on_rollout): no engine pass of its own after the sync
+            synced = self.sync_weights(before_rollout=True)
         self.colocation.enter(GENERATE, self.policy_version)
         with timeline.phase("evaluation: play and score"):
             metrics = evaluate_policy(self.rollouts)
+        synced.update(self.policy_sync.pop_metrics())
         metrics.update({f"eval/{k}": v for k, v in synced.items()})
         return metrics
 
