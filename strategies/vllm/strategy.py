@@ -275,6 +275,8 @@ class VllmStrategy(GenerationMixin, WeightSyncMixin):
                 raise plain from None
         self._in_process = _engine_in_this_process(self.llm)
         self.model_runner = self._check_model_runner()
+        if not platform.is_cuda:  # before the first request (strategies/vllm/cpu_sampler.py)
+            self.llm.collective_rpc("roll_ds_eager_token_ranks")
         logger.info(
             "vLLM engine started (model runner %s): %s",
             self.model_runner,

@@ -287,6 +287,13 @@ class RollDsWorkerExtension:
             "problems": model_runner_problems(runner),
         }
 
+    def roll_ds_eager_token_ranks(self) -> bool:
+        """On CPU: vLLM's sampler counts token ranks eagerly (``cpu_sampler``: its compiled
+        count costs every engine's first request 3-4 s of torch.compile)."""
+        from strategies.vllm.cpu_sampler import eager_token_ranks
+
+        return eager_token_ranks()
+
     def roll_ds_device_memory(self) -> dict[str, int]:
         """This worker's torch allocator figures on its GPU, in bytes (``allocated``,
         ``reserved``; zeros on CPU): what a sync leaves behind shows here."""
