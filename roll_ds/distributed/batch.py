@@ -95,6 +95,15 @@ class Batch:
             raise KeyError(f"no column {key!r}; columns: {self.keys()}")
         return self.index(key)
 
+    def __reduce__(self) -> tuple[Any, tuple]:
+        """Pickled with each CPU tensor as a numpy array (``_tensor_state``): Ray ships those as
+        raw buffers, where a tensor's own pickle goes through ``torch.save`` and, for a row
+        slice (a rank's share), writes the whole storage. Measured on the 2-core box for a
+        64-row share of the default batch: 1.0 ms to pickle and 1.5 ms to load as tensors,
+        0.25 and 0.04 ms as arrays, half the bytes. The values are the same bits."""
+        tensors = {k: _tensor_state(v) for k, v in self.tensors.items()}
+        return _rebuild_batch, (tensors, self.non_tensors, self.meta)
+
     def __repr__(self) -> str:
         cols = [
             f"{k}:{tuple(t.shape)}:{str(t.dtype).removeprefix('torch.')}"
@@ -237,3 +246,40 @@ def _torch() -> Any:
     import torch
 
     return torch
+
+
+def _tensor_state(t: torch.Tensor) -> Any:
+    """A CPU tensor as ``(array, dtype name)`` (a tensor numpy cannot hold, or on a device or
+    in autograd, stays itself). bf16, which numpy lacks, travels as int16 bits."""
+    torch = _torch()
+    if t.device.type != "cpu" or t.requires_grad or t.layout != torch.strided:
+        return t
+    if t.is_conj() or t.is_neg():
+        return t
+    bits = torch.int16 if t.dtype == torch.bfloat16 else None
+    try:
+        array = (t.view(bits) if bits is not None else t).contiguous().numpy()
+    except (TypeError, RuntimeError):  # no numpy dtype (float8, ...)
+        return t
+    return array, str(t.dtype).removeprefix("torch.")
+
+
+def _from_state(state: Any) -> torch.Tensor:
+    if _is_tensor(state):
+        return state
+    torch = _torch()  # a tensor column: the receiver computes with torch anyway
+    array, dtype = state
+    # a buffer Ray maps from its object store is read-only: the receiver gets its own copy
+    t = torch.from_numpy(array if array.flags.writeable else array.copy())
+    want = getattr(torch, dtype)
+    return t.view(want) if t.dtype != want else t
+
+
+def _rebuild_batch(
+    tensors: Mapping[str, Any], non_tensors: Mapping[str, np.ndarray], meta: Mapping[str, Any]
+) -> Batch:
+    batch = Batch.__new__(Batch)
+    batch.tensors = {k: _from_state(v) for k, v in tensors.items()}
+    batch.non_tensors = dict(non_tensors)
+    batch.meta = dict(meta)
+    return batch

@@ -75,6 +75,7 @@ from roll_ds.pipeline.startup import (
 )
 from roll_ds.pipeline.startup_report import StartupReport
 from roll_ds.pipeline.tasks import Tasks
+from roll_ds.threads import driver_threads
 from roll_ds.tracking import ROLLOUTS_FILE, Tracker
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class RLVRPipeline:
         self.policy_sync: PolicySync | None = None
         self.recovery: Any = None  # start(): replaces dead ranks of stateless roles (faults.py)
         self.engine_restore: MainThreadRestore | None = None
+        self._threads_before: int | None = None  # the caller's torch threads, for shutdown
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -137,6 +139,8 @@ class RLVRPipeline:
         from roll_ds.distributed.ray_init import connect_from_config
 
         cfg = self.cfg
+        if self._threads_before is None:  # the driver's own tensors: one thread (threads.py)
+            self._threads_before = driver_threads()
         with timeline.phase("ray.init" if connection is None else "wait for ray.init"):
             self.ray = connection.result() if connection is not None else connect_from_config(cfg)
         logger.info(self.ray.summary())
@@ -221,6 +225,9 @@ class RLVRPipeline:
         if resources is not None:
             resources.release()
             self.resources = None
+        if self._threads_before is not None:  # the caller's thread count back
+            driver_threads(self._threads_before)
+            self._threads_before = None
 
     @property
     def actor_train(self):

@@ -1,7 +1,7 @@
 """The thread plan: what each role's actors compute with (roll_ds/threads.py)."""
 
 from roll_ds.config import load_config
-from roll_ds.threads import role_threads
+from roll_ds.threads import DRIVER_THREADS, driver_threads, role_threads
 
 
 def _plan(*overrides: str, on_cuda: bool = False) -> dict:
@@ -72,3 +72,15 @@ def test_gpu_ranks_split_the_bundle_when_generation_overlaps_training():
     plan = _gpu_plan("async_generation.max_staleness=1")
     assert plan["actor_train"] == plan["actor_infer"] == 3  # half of 7 each
     assert _gpu_plan(cpus_per_gpu=0.5)["actor_train"] == 1
+
+
+def test_the_driver_computes_with_one_thread_and_gives_the_count_back():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert driver_threads() == 2 and torch.get_num_threads() == DRIVER_THREADS == 1
+        assert driver_threads(2) == 1 and torch.get_num_threads() == 2  # shutdown restores
+    finally:
+        torch.set_num_threads(before)
