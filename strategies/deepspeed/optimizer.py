@@ -17,11 +17,11 @@ optimizer does not take fails at start naming it. Other section types keep DeepS
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import sys
-from collections.abc import Callable, Iterator, Mapping
+import types
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -68,42 +68,61 @@ def build_engine(
     else:
         optimizer = build_optimizer(params, targs, ds_config)
         model_parameters = None
-    with skip_muon_import(ds_config):
-        engine, optimizer, _, lr_scheduler = load_ops(  # an `optimizer` section builds its op
-            lambda: deepspeed.initialize(
-                model=model,
-                optimizer=optimizer,
-                model_parameters=model_parameters,
-                lr_scheduler=scheduler,
-                config=ds_config,
-                dist_init_required=False,
-            ),
-            retry=False,
-        )
+    skip_muon_import(ds_config)
+    engine, optimizer, _, lr_scheduler = load_ops(  # an `optimizer` section builds its op here
+        lambda: deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            model_parameters=model_parameters,
+            lr_scheduler=scheduler,
+            config=ds_config,
+            dist_init_required=False,
+        ),
+        retry=False,
+    )
     return engine, optimizer, lr_scheduler
 
 
-MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+MUON_MODULES = (
+    "deepspeed.runtime.zero.muon.muon_optimizer",  # MuonWithAuxAdam
+    "deepspeed.runtime.zero.muon.original_muon",  # muon_update, MuonWithAuxAdam
+)
 
 
-@contextlib.contextmanager
-def skip_muon_import(ds_config: Mapping[str, Any]) -> Iterator[None]:
-    """DeepSpeed's ZeRO check of the optimizer's type (``is_zero_supported_optimizer``) imports
-    its Muon optimizer to add it to the supported list, and that module compiles kernels at
-    import (``torch.compile`` decorators: torch._dynamo and inductor), 2-4 s of every trainer
-    rank's start on a 2-core box for a type our AdamW never is. Unless the config asks for Muon,
-    the import fails fast here (DeepSpeed takes ``ImportError`` as "Muon not installed") and is
-    possible again afterwards."""
+class NoMuon:
+    """Stands for DeepSpeed's ``MuonWithAuxAdam`` in a trainer whose optimizer is not Muon: no
+    optimizer is an instance of it (``skip_muon_import``)."""
+
+
+def no_muon_update(*args: Any, **kwargs: Any) -> Any:
+    """Stands for DeepSpeed's ``muon_update``, which it calls only for a Muon optimizer's
+    parameters."""
+    raise RuntimeError(
+        "DeepSpeed's Muon update was called, but roll_ds started this trainer without Muon "
+        "(strategies/deepspeed/optimizer.py skip_muon_import): set the optimizer section's "
+        "type to muon"
+    )
+
+
+def skip_muon_import(ds_config: Mapping[str, Any]) -> None:
+    """DeepSpeed imports its Muon optimizer's modules to compare the optimizer's type with it,
+    at ``initialize`` (ZeRO's supported-optimizer check) and in every ZeRO gradient reduction
+    and partition flattening (``average_tensor``, ``_get_flat_partition_unpadded``). Those
+    modules compile kernels at import (``torch.compile`` decorators pull in dynamo, inductor,
+    jinja2, networkx): 2-3 s of each trainer rank's start on a 2-core box, at ``initialize`` and
+    in its first step, for a type our AdamW never is. Unless the config asks for Muon, this
+    process gets stand-in modules: a ``MuonWithAuxAdam`` nothing is an instance of, so every
+    type check answers "not Muon" as the real class would, and a ``muon_update`` (called only
+    for Muon's parameters) that raises."""
     kind = str((ds_config.get("optimizer") or {}).get("type", "")).lower()
-    if "muon" in kind or MUON_MODULE in sys.modules:
-        yield
+    if "muon" in kind or any(name in sys.modules for name in MUON_MODULES):
         return
-    sys.modules[MUON_MODULE] = None  # type: ignore[assignment]  # import -> ImportError
-    try:
-        yield
-    finally:
-        if MUON_MODULE in sys.modules and sys.modules[MUON_MODULE] is None:
-            del sys.modules[MUON_MODULE]
+    for name in MUON_MODULES:
+        stand_in = types.ModuleType(name, "roll_ds: stands for DeepSpeed's Muon module")
+        stand_in.MuonWithAuxAdam = NoMuon  # type: ignore[attr-defined]
+        stand_in.muon_update = no_muon_update  # type: ignore[attr-defined]
+        stand_in.__roll_ds__ = True  # type: ignore[attr-defined]
+        sys.modules[name] = stand_in
 
 
 def build_optimizer(
