@@ -1,7 +1,7 @@
 """The thread plan: what each role's actors compute with (roll_ds/threads.py)."""
 
 from roll_ds.config import load_config
-from roll_ds.threads import DRIVER_THREADS, driver_threads, role_threads
+from roll_ds.threads import role_threads
 
 
 def _plan(*overrides: str, on_cuda: bool = False) -> dict:
@@ -75,12 +75,17 @@ def test_gpu_ranks_split_the_bundle_when_generation_overlaps_training():
 
 
 def test_the_driver_computes_with_one_thread_and_gives_the_count_back():
-    import torch
+    """In a process of its own: an in-process vLLM-CPU engine (the integration tests start some
+    in pytest's process) turns every later ``torch.set_num_threads`` into a warning."""
+    import subprocess
+    import sys
 
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert driver_threads() == 2 and torch.get_num_threads() == DRIVER_THREADS == 1
-        assert driver_threads(2) == 1 and torch.get_num_threads() == 2  # shutdown restores
-    finally:
-        torch.set_num_threads(before)
+    code = (
+        "import torch\n"
+        "from roll_ds.threads import DRIVER_THREADS, driver_threads\n"
+        "torch.set_num_threads(2)\n"
+        "assert driver_threads() == 2 and torch.get_num_threads() == DRIVER_THREADS == 1\n"
+        "assert driver_threads(2) == 1 and torch.get_num_threads() == 2  # shutdown restores\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
