@@ -116,7 +116,6 @@ def create_clusters(
         cfg, on_cuda=resources.plan.device_resource == "GPU", plan=resources.plan
     )
     logger.info("threads per actor: %s", threads)
-    report = report or StartupReport()
     # Every role's actors are asked for at once (not waited for here: initialize_roles): they
     # boot in parallel, and their initialize calls queue behind their __init__.
     starts = [
@@ -125,7 +124,8 @@ def create_clusters(
     ]
     starts += [(f"rewards.{n}", RewardWorker, r, ctx) for n, r in cfg.rewards.items()]
     for name, cls, role_cfg, role_ctx in starts:
-        report.role_asked(name, time.time())
+        if report is not None:
+            report.role_asked(name, time.time())
         clusters[name] = Cluster(
             name,
             cls,
